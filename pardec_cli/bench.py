@@ -1,0 +1,276 @@
+"""Benchmark decoding methods side by side on a prompt set.
+
+Methods run interleaved prompt by prompt (in a rotating order) after a warm-up, so slow
+drift of a noisy machine hits every method alike; results are reported as ratios
+measured in the same run. Output tokens of every method are compared with `vanilla`'s
+(the match rate: 100% expected in float32; bf16 batched verification may round
+differently after a near-tie).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from pardec_cli.errors import PardecUsageError
+
+HF_GREEDY = "hf"
+HF_PROMPT_LOOKUP = "hf-pld"
+OVERALL = "overall"
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One prompt of a set: Spec-Bench's first turn, or HumanEval's code prompt."""
+
+    prompt_id: str
+    category: str
+    text: str
+
+
+@dataclass(frozen=True)
+class MethodChoice:
+    """A method to benchmark: its label in the tables, registry name and knobs."""
+
+    label: str
+    name: str
+    options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    """One generation of one method on one prompt."""
+
+    label: str
+    prompt_id: str
+    category: str
+    new_tokens: int
+    seconds: float
+    steps: int
+    drafted: int
+    accepted: int
+    token_ids: list[int]
+
+
+def load_prompts(path: Path) -> list[BenchPrompt]:
+    """Read a Spec-Bench-format JSONL file ({"question_id", "category", "turns"}) or HumanEval ({"task_id", "prompt"})."""
+    if not path.is_file():
+        raise PardecUsageError(f"prompt file not found: {path}")
+    prompts: list[BenchPrompt] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PardecUsageError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if isinstance(record.get("turns"), list) and record["turns"]:
+            prompts.append(BenchPrompt(str(record.get("question_id", number)), str(record.get("category", "default")), record["turns"][0]))
+        elif isinstance(record.get("prompt"), str):
+            category = str(record.get("category") or "humaneval")
+            prompts.append(BenchPrompt(str(record.get("task_id", number)), category, record["prompt"]))
+        else:
+            raise PardecUsageError(f"{path}:{number}: expected Spec-Bench 'turns' or a 'prompt' field")
+    if not prompts:
+        raise PardecUsageError(f"{path} holds no prompts")
+    return prompts
+
+
+def limit_per_category(prompts: Iterable[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
+    """The first `limit` prompts of each category, in file order."""
+    if not limit:
+        return list(prompts)
+    seen: dict[str, int] = defaultdict(int)
+    kept = []
+    for prompt in prompts:
+        if seen[prompt.category] < limit:
+            seen[prompt.category] += 1
+            kept.append(prompt)
+    return kept
+
+
+_METHOD_ITEM = re.compile(r"\s*([A-Za-z0-9_+\-]+)\s*(?:\[([^\]]*)\])?\s*(?:,|$)")
+
+
+def parse_methods(text: str) -> list[MethodChoice]:
+    """'vanilla,pld,layerskip[layers=8,k=4]' -> choices; labels keep the knobs for the tables."""
+    from pardec_cli.methods.options import parse_assignments
+
+    choices: list[MethodChoice] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        match = _METHOD_ITEM.match(text, pos)
+        if not match or match.end() == pos:
+            raise PardecUsageError(f"cannot read the method list at {text[pos:]!r} (form: a,b[key=value,...],c)")
+        name, knobs = match.group(1), match.group(2)
+        options = parse_assignments([p for p in knobs.split(",") if p.strip()]) if knobs else {}
+        label = f"{name}[{knobs}]" if knobs else name
+        choices.append(MethodChoice(label, name, options))
+        pos = match.end()
+    if not choices:
+        raise PardecUsageError("no methods to benchmark")
+    return choices
+
+
+class Bench:
+    """Runs methods (and optional Hugging Face baselines) over prompts on one loaded model."""
+
+    def __init__(self, session: Any, choices: Sequence[MethodChoice], *, max_new_tokens: int, baseline_hf: bool) -> None:
+        from pardec_cli.methods.registry import get_spec
+
+        for choice in choices:
+            get_spec(choice.name)  # fail fast on an unknown name
+        if "vanilla" not in [c.label for c in choices]:
+            choices = [MethodChoice("vanilla", "vanilla"), *choices]
+        self.session = session
+        self.max_new_tokens = max_new_tokens
+        self.proposers = {c.label: session.build_proposer(c.name, c.options) for c in choices}
+        self.labels = list(self.proposers)
+        if baseline_hf:
+            self.labels.append(HF_GREEDY)
+            if any(c.name == "pld" for c in choices):
+                self.labels.append(HF_PROMPT_LOOKUP)
+        self.runs: list[Run] = []
+
+    def run(self, prompts: Sequence[BenchPrompt], progress: Callable[[int, int, BenchPrompt], None] | None = None) -> list[Run]:
+        """Warm up, then run every method on every prompt, interleaved."""
+        encoded = [(p, self.session.encode(p.text)) for p in prompts]
+        if encoded:
+            for label in self.labels:  # warm-up: allocator, kernels, caches
+                self._run_one(label, encoded[0][0], encoded[0][1], max_new_tokens=8)
+        total = len(encoded) * len(self.labels)
+        done = 0
+        for index, (prompt, ids) in enumerate(encoded):
+            shift = index % len(self.labels)
+            for label in self.labels[shift:] + self.labels[:shift]:
+                self.runs.append(self._run_one(label, prompt, ids, self.max_new_tokens))
+                done += 1
+                if progress:
+                    progress(done, total, prompt)
+        return self.runs
+
+    def _run_one(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
+        if label in (HF_GREEDY, HF_PROMPT_LOOKUP):
+            return self._run_hf(label, prompt, ids, max_new_tokens)
+        start = perf_counter()
+        stream = self.session.stream(ids, max_new_tokens=max_new_tokens, proposer=self.proposers[label])
+        for _ in stream:
+            pass
+        seconds = perf_counter() - start
+        s = stream.stats
+        return Run(label, prompt.prompt_id, prompt.category, s.generated_tokens, seconds, s.steps,
+                   s.drafted_tokens, s.accepted_tokens, stream.token_ids)
+
+    def _run_hf(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
+        import torch
+
+        model = self.session.target.model
+        inputs = torch.tensor([ids], device=self.session.target.device)
+        extra = {"prompt_lookup_num_tokens": 10} if label == HF_PROMPT_LOOKUP else {}
+        eos = sorted(self.session.eos_token_ids)
+        start = perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens, do_sample=False,
+                eos_token_id=eos, pad_token_id=eos[0] if eos else None, **extra,
+            )
+        seconds = perf_counter() - start
+        new = out[0, len(ids):].tolist()
+        # generate() pads after EOS; count up to and including the first EOS, like pardec does.
+        for i, token in enumerate(new):
+            if token in self.session.eos_token_ids:
+                new = new[: i + 1]
+                break
+        return Run(label, prompt.prompt_id, prompt.category, len(new), seconds, max(len(new) - 1, 0), 0, 0, new)
+
+
+@dataclass
+class Summary:
+    """One table cell group: a method on a category (or overall)."""
+
+    prompts: int
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup_vs_vanilla: float | None
+    speedup_vs_hf: float | None
+    mean_tokens_per_step: float
+    acceptance_rate: float
+    match_rate: float | None
+
+
+def summarize(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str, Summary]]:
+    """category (and 'overall') -> label -> Summary."""
+    reference = {r.prompt_id: r.token_ids for r in runs if r.label == "vanilla"}
+    by_group: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_group[r.category].append(r)
+        by_group[OVERALL].append(r)
+    table: dict[str, dict[str, Summary]] = {}
+    for group, group_runs in by_group.items():
+        rates: dict[str, float] = {}
+        cells: dict[str, Summary] = {}
+        for label in labels:
+            mine = [r for r in group_runs if r.label == label]
+            if not mine:
+                continue
+            tokens = sum(r.new_tokens for r in mine)
+            seconds = sum(r.seconds for r in mine)
+            steps = sum(r.steps for r in mine)
+            drafted = sum(r.drafted for r in mine)
+            rates[label] = tokens / seconds if seconds else 0.0
+            matched = [r.token_ids == reference[r.prompt_id] for r in mine if r.prompt_id in reference]
+            cells[label] = Summary(
+                prompts=len(mine), new_tokens=tokens, seconds=round(seconds, 4), tokens_per_s=round(rates[label], 3),
+                speedup_vs_vanilla=None, speedup_vs_hf=None,
+                mean_tokens_per_step=round((tokens - len(mine)) / steps, 3) if steps else 1.0,
+                acceptance_rate=round(sum(r.accepted for r in mine) / drafted, 4) if drafted else 0.0,
+                match_rate=round(sum(matched) / len(matched), 4) if matched else None,
+            )
+        for label, cell in cells.items():
+            if rates.get("vanilla"):
+                cell.speedup_vs_vanilla = round(rates[label] / rates["vanilla"], 3)
+            if rates.get(HF_GREEDY):
+                cell.speedup_vs_hf = round(rates[label] / rates[HF_GREEDY], 3)
+        table[group] = cells
+    return table
+
+
+def format_tables(table: dict[str, dict[str, Summary]]) -> str:
+    """Plain-text tables, one per category, overall last."""
+    lines: list[str] = []
+    groups = sorted(g for g in table if g != OVERALL) + [OVERALL]
+    header = f"{'method':<24} {'tok/s':>7} {'vs vanilla':>10} {'vs HF':>7} {'tok/step':>8} {'accept':>7} {'match':>6}"
+    for group in groups:
+        cells = table.get(group)
+        if not cells:
+            continue
+        some = next(iter(cells.values()))
+        lines.append(f"== {group} ({some.prompts} prompts) ==")
+        lines.append(header)
+        for label, c in cells.items():
+            def ratio(x: float | None) -> str:
+                return f"{x:.2f}x" if x is not None else "-"
+            match = f"{c.match_rate:.0%}" if c.match_rate is not None else "-"
+            lines.append(
+                f"{label:<24} {c.tokens_per_s:>7.2f} {ratio(c.speedup_vs_vanilla):>10} {ratio(c.speedup_vs_hf):>7} "
+                f"{c.mean_tokens_per_step:>8.2f} {c.acceptance_rate:>7.0%} {match:>6}"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def report_json(table: dict[str, dict[str, Summary]], runs: Sequence[Run], config: dict[str, Any]) -> dict[str, Any]:
+    """The `--json` document: configuration, summary tables and every run."""
+    return {
+        "config": config,
+        "summary": {g: {label: asdict(c) for label, c in cells.items()} for g, cells in table.items()},
+        "runs": [asdict(r) for r in runs],
+    }

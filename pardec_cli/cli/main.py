@@ -1,0 +1,120 @@
+"""The `pardec` command: a lazy Click group and the one place errors become exit codes.
+
+Subcommands are imported only when invoked, so `pardec --help` and shell completion do
+not pay for torch or transformers.
+
+Exit codes: 0 success (also when the token limit ends a reply), 1 runtime error,
+2 usage error, 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from pardec_cli import __version__
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+# name -> ("module:attribute", one-line help shown by `pardec --help` without importing it)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "gen": ("pardec_cli.cli.gen:gen", "Generate text from a prompt, streamed as tokens are accepted."),
+    "bench": ("pardec_cli.cli.bench:bench", "Benchmark methods on a Spec-Bench-format prompt set."),
+    "methods": ("pardec_cli.cli.methods:methods", "List decoding methods and their knobs."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        entry = COMMANDS.get(name)
+        if entry is None:
+            return None
+        module_name, attr = entry[0].split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Use the static one-liners so that --help imports no subcommand module.
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pardec")
+def cli() -> None:
+    """pardec: fast local LLM generation with parallel decoding.
+
+    \b
+    Examples:
+      pardec gen "Write a haiku about GPUs"          embedded SmolLM2-135M, prompt lookup
+      pardec gen --method layerskip -O layers=8 "Explain KV caches"
+      cat notes.md | pardec gen "Summarise:"         stdin is appended to the prompt
+      pardec bench --prompts spec_bench.jsonl --methods vanilla,pld --baseline-hf
+
+    Greedy output of every method equals plain decoding; sampling keeps the model's
+    distribution. `pardec methods` lists the methods and their knobs.
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: runs the CLI and maps failures to exit codes."""
+    sys.exit(run(argv))
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the exit code instead of raising SystemExit."""
+    from pardec_cli.errors import PardecError
+
+    try:
+        cli.main(args=argv, prog_name="pardec", standalone_mode=False)
+    except click.exceptions.Abort:
+        _say("pardec: interrupted")
+        return EXIT_INTERRUPTED
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except PardecError as exc:
+        _say(f"pardec: error: {exc.message}")
+        if exc.hint:
+            _say(f"pardec: hint: {exc.hint}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _say("\npardec: interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_OK
+    return EXIT_OK
+
+
+def _say(message: str) -> None:
+    try:
+        click.echo(message, err=True)
+    except OSError:
+        pass
+
+
+def _silence_stdout() -> None:
+    """After the reader of a pipe went away (`| head`), stop Python from complaining at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def echo_err(message: Any) -> None:
+    """Diagnostics go to stderr, always."""
+    click.echo(message, err=True)

@@ -1,0 +1,33 @@
+"""`pardec methods`: what can be passed to --method, and each method's knobs."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from pardec_cli.methods.registry import METHODS
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+def methods(as_json: bool) -> None:
+    """List decoding methods and the knobs -O KEY=VALUE accepts for each."""
+    if as_json:
+        data = [
+            {
+                "name": spec.name,
+                "summary": spec.summary,
+                "options": [
+                    {"name": o.name, "type": o.kind.__name__, "default": o.default, "help": o.help} for o in spec.options
+                ],
+            }
+            for spec in METHODS.values()
+        ]
+        click.echo(json.dumps(data, indent=2))
+        return
+    for spec in METHODS.values():
+        click.echo(f"{spec.name:<10} {spec.summary}")
+        for option in spec.options:
+            default = "" if option.default in (None, "") else f" (default {option.default})"
+            click.echo(f"    -O {option.name}={option.kind.__name__.upper():<6} {option.help}{default}")

@@ -1,0 +1,88 @@
+"""Options shared by several commands (model, method, sampling), declared once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from pardec_cli.methods.registry import method_names
+
+F = Callable[..., Any]
+
+
+class MethodName(click.ParamType):
+    """A registered method name; validated when the method is built (clear error, close-match hint)."""
+
+    name = "METHOD"
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        return [CompletionItem(name) for name in method_names() if name.startswith(incomplete)]
+
+
+def model_options(f: F) -> F:
+    """-m/--model, --dtype, --device, --offline."""
+    f = click.option("--offline", is_flag=True, default=None, help="Never contact the Hugging Face Hub (also HF_HUB_OFFLINE=1).")(f)
+    f = click.option(
+        "--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]",
+        help="Where to run. auto: CUDA when available, else CPU.",
+    )(f)
+    f = click.option(
+        "--dtype", default="auto", show_default=True,
+        type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+        help="Weights and compute dtype. auto: bfloat16 where the hardware runs it fast (CUDA with bf16, "
+        "a CPU with AMX or AVX512-bf16), else float32. Greedy output is bit-exact only in float32.",
+    )(f)
+    f = click.option(
+        "-m", "--model", "model", default=None, metavar="MODEL",
+        help="Alias (smollm2-135m), Hub id (org/name) or local directory. Default: the embedded SmolLM2-135M-Instruct.",
+    )(f)
+    return f
+
+
+def method_options(default: str = "pld") -> Callable[[F], F]:
+    """--method, -O/--option KEY=VALUE, --draft-model."""
+
+    def decorate(f: F) -> F:
+        f = click.option(
+            "--draft-model", default=None, metavar="MODEL",
+            help="Draft model for --method draft (same tokenizer as the target).",
+        )(f)
+        f = click.option(
+            "-O", "--option", "method_opts", multiple=True, metavar="KEY=VALUE",
+            help="A method knob, repeatable (e.g. -O num_draft=8). `pardec methods` lists them.",
+        )(f)
+        f = click.option(
+            "--method", default=default, show_default=True, type=MethodName(),
+            help="Decoding method: " + ", ".join(method_names()) + ".",
+        )(f)
+        return f
+
+    return decorate
+
+
+def sampling_options(f: F) -> F:
+    """-n/--max-tokens, --temp, --top-p, --top-k, --seed, --stop."""
+    f = click.option("--stop", multiple=True, metavar="TEXT", help="Stop when this text appears (not printed). Repeatable.")(f)
+    f = click.option("--seed", type=int, default=None, help="Random seed: the same seed gives the same sampled text.")(f)
+    f = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="Sample among the K most likely tokens (0: all).")(f)
+    f = click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True, help="Nucleus sampling threshold.")(f)
+    f = click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Sampling temperature; 0 is greedy.")(f)
+    f = click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Most tokens to generate.")(f)
+    return f
+
+
+def build_method_options(method: str, method_opts: tuple[str, ...], draft_model: str | None) -> dict[str, Any]:
+    """Merge -O pairs and --draft-model into the option mapping for `method`."""
+    from pardec_cli.errors import PardecUsageError
+    from pardec_cli.methods.options import parse_assignments
+
+    options: dict[str, Any] = parse_assignments(method_opts)
+    if draft_model:
+        if method != "draft":
+            raise PardecUsageError(f"--draft-model is for --method draft, not {method!r}")
+        options["model"] = draft_model
+    return options

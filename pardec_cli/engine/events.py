@@ -1,0 +1,100 @@
+"""What the decoding loop reports: one event per step, and per-generation statistics.
+
+The CLI, the TUI, the tuner and the benchmark all consume these; none of them decodes.
+This module imports no torch so that front ends can type against it cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# Why a generation ended. "stop" (a stop string matched) is decided by the text layer.
+FINISH_EOS = "eos"
+FINISH_LENGTH = "length"
+FINISH_STOP = "stop"
+FINISH_CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One decoding step.
+
+    Step 0 is the prefill, which emits the first token and drafts nothing. Every later
+    step verifies `drafted` proposed tokens in one target forward, keeps `accepted` of
+    them and emits them plus one token chosen by the target (so `len(tokens)` is
+    `accepted + 1`, fewer only when EOS or the token limit cut the step short).
+    """
+
+    index: int
+    tokens: tuple[int, ...]
+    drafted: int
+    accepted: int
+    propose_s: float
+    verify_s: float
+    elapsed_s: float  # since the generation started (prefill included)
+    finish_reason: str | None = None
+
+
+@dataclass
+class GenerationStats:
+    """Summary of one generation, built from its step events."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0  # decoding steps after the prefill
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    ttft_s: float = 0.0  # time to first token (prefill + first sample)
+    total_s: float = 0.0
+    propose_s: float = 0.0
+    verify_s: float = 0.0
+    accepted_per_step: list[int] = field(default_factory=list, repr=False)
+
+    def add(self, event: StepEvent) -> None:
+        """Fold one step event into the totals."""
+        self.generated_tokens += len(event.tokens)
+        self.total_s = event.elapsed_s
+        self.propose_s += event.propose_s
+        self.verify_s += event.verify_s
+        if event.index == 0:
+            self.ttft_s = event.elapsed_s
+            return
+        self.steps += 1
+        self.drafted_tokens += event.drafted
+        self.accepted_tokens += event.accepted
+        self.accepted_per_step.append(event.accepted)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """End-to-end rate: generated tokens over total time, prefill included."""
+        return self.generated_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Rate after the first token."""
+        span = self.total_s - self.ttft_s
+        return (self.generated_tokens - 1) / span if span > 0 else 0.0
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        """Tokens emitted per decoding step (accepted drafts + the target's own token); 1.0 for vanilla."""
+        return (self.generated_tokens - 1) / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of drafted tokens that the target accepted (0 when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    def to_dict(self) -> dict[str, float | int]:
+        """JSON-ready summary (without the per-step list)."""
+        data = asdict(self)
+        data.pop("accepted_per_step")
+        data.update(
+            tokens_per_s=round(self.tokens_per_s, 3),
+            decode_tokens_per_s=round(self.decode_tokens_per_s, 3),
+            mean_tokens_per_step=round(self.mean_tokens_per_step, 4),
+            acceptance_rate=round(self.acceptance_rate, 4),
+        )
+        for key in ("ttft_s", "total_s", "propose_s", "verify_s"):
+            data[key] = round(float(data[key]), 5)
+        return data

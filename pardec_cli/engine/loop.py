@@ -1,0 +1,133 @@
+"""The one decoding loop. Every method, the CLI, the TUI, tune and bench go through it.
+
+    prefill(prompt) -> first token                      (step 0)
+    repeat:
+        draft   = proposer.propose(context)             k guessed tokens
+        logits  = target([last, *draft])                ONE forward, k+1 rows
+        verdict = verify(draft, logits)                 kept prefix + target's next token
+        cache  -> drop the rejected positions           rollback
+        proposer.update(...)                            adapt
+        yield StepEvent                                 stream
+
+Invariant: the cache holds every context token except the last one, which is fed as
+the first input of the next step. So a step that keeps `a` drafted tokens leaves
+(len(context_before) - 1) + 1 + a positions in the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Sequence
+from time import perf_counter
+
+import torch
+
+from pardec_cli.engine.cache import check_rollback_supported, rollback_to
+from pardec_cli.engine.events import FINISH_EOS, FINISH_LENGTH, StepEvent
+from pardec_cli.engine.model import LanguageModel
+from pardec_cli.engine.proposal import Proposer, StartContext
+from pardec_cli.engine.sampling import SamplingParams, logits_to_probs, make_generator, sample_from
+from pardec_cli.engine.verify import Verdict, verify_greedy, verify_sampling
+from pardec_cli.errors import ContextOverflowError, PardecUsageError
+
+
+def decode(
+    target: LanguageModel,
+    proposer: Proposer,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingParams = SamplingParams(),
+    eos_token_ids: Collection[int] = (),
+) -> Iterator[StepEvent]:
+    """Generate up to `max_new_tokens` tokens after `prompt_ids`, one StepEvent per step.
+
+    The last event has `finish_reason` "eos" or "length". A consumer may stop iterating
+    at any time (stop strings, Ctrl-C); nothing needs cleaning up.
+    """
+    if not prompt_ids:
+        raise PardecUsageError("the prompt is empty")
+    if max_new_tokens < 1:
+        raise PardecUsageError(f"max new tokens must be at least 1, got {max_new_tokens}")
+    limit = target.max_context
+    if limit is not None:
+        if len(prompt_ids) >= limit:
+            raise ContextOverflowError(
+                f"the prompt is {len(prompt_ids)} tokens but the model's context holds {limit}",
+                hint="shorten the prompt",
+            )
+        max_new_tokens = min(max_new_tokens, limit - len(prompt_ids))
+    eos = frozenset(eos_token_ids)
+    generator = make_generator(sampling, target.device)
+
+    def choose(logits_row: torch.Tensor) -> int:
+        if sampling.greedy:
+            return int(logits_row.argmax())
+        return sample_from(logits_to_probs(logits_row, sampling), generator)
+
+    with torch.inference_mode():
+        start = perf_counter()
+        proposer.start(StartContext(target, tuple(prompt_ids), sampling, generator))
+        cache = target.new_cache()
+        logits = target.forward(prompt_ids, cache, last_only=True)  # [1, V]
+        if proposer.needs_rollback:
+            check_rollback_supported(cache)
+        first = choose(logits[-1])
+        context = [*prompt_ids, first]
+        produced = 1
+        finish = _finish_reason((first,), produced, max_new_tokens, eos)
+        now = perf_counter()
+        yield StepEvent(0, (first,), 0, 0, 0.0, now - start, now - start, finish)
+
+        step = 0
+        while finish is None:
+            step += 1
+            t0 = perf_counter()
+            # Drafting past the token limit is wasted work: the extra tokens could never be emitted.
+            draft = proposer.propose(context, max_new_tokens - produced - 1)
+            t1 = perf_counter()
+            draft_tokens = torch.tensor(draft.tokens, dtype=torch.long, device=target.device)  # [k]
+            logits = target.forward([context[-1], *draft.tokens], cache)  # [k+1, V]
+            verdict = _verify(draft_tokens, draft.probs, logits, sampling, generator)
+            rollback_to(cache, len(context) + verdict.accepted)
+            tokens = verdict.tokens
+            context.extend(tokens)
+            proposer.update(context, draft, verdict.accepted)
+            tokens, finish = _truncate(tokens, produced, max_new_tokens, eos)
+            produced += len(tokens)
+            t2 = perf_counter()
+            accepted = min(verdict.accepted, len(tokens))
+            yield StepEvent(step, tokens, len(draft.tokens), accepted, t1 - t0, t2 - t1, t2 - start, finish)
+        del cache
+
+
+def _verify(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verdict:
+    if sampling.greedy:
+        return verify_greedy(draft_tokens, logits)
+    return verify_sampling(draft_tokens, draft_probs, logits_to_probs(logits, sampling), generator)
+
+
+def _finish_reason(tokens: Sequence[int], produced: int, limit: int, eos: frozenset[int]) -> str | None:
+    if tokens and tokens[-1] in eos:
+        return FINISH_EOS
+    if produced >= limit:
+        return FINISH_LENGTH
+    return None
+
+
+def _truncate(
+    tokens: tuple[int, ...], produced: int, limit: int, eos: frozenset[int]
+) -> tuple[tuple[int, ...], str | None]:
+    """Cut a step's tokens at the first EOS (kept) or at the token limit."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            tokens = tokens[: i + 1]
+            break
+    tokens = tokens[: limit - produced]
+    return tokens, _finish_reason(tokens, produced + len(tokens), limit, eos)
+

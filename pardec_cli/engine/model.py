@@ -1,0 +1,57 @@
+"""A causal LM as the loop sees it: a forward over new tokens on top of a KV cache.
+
+Wraps a Hugging Face `PreTrainedModel` without changing it (no attributes stashed on
+the model, no patched classes), so the same object can serve as target and, through
+`methods.layerskip`, as its own drafter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pardec_cli.engine.cache import new_cache
+
+
+class LanguageModel:
+    """The few operations decoding needs from a causal language model."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = next(model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the LM head: the width of the logits this model returns."""
+        head = self.model.get_output_embeddings()
+        return int(head.weight.shape[0]) if head is not None else int(self.config.vocab_size)
+
+    @property
+    def max_context(self) -> int | None:
+        """The longest sequence the model was trained for, if its config says."""
+        return getattr(self.config, "max_position_embeddings", None)
+
+    def new_cache(self) -> Any:
+        return new_cache(self.config)
+
+    def as_input(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """token ids -> LongTensor [1, n] on the model's device."""
+        return torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+
+    def forward(self, token_ids: Sequence[int], cache: Any, *, last_only: bool = False) -> torch.Tensor:
+        """Run the model over `token_ids` appended after what `cache` holds.
+
+        Returns logits [n, V] for each new position (row i predicts the token after
+        token_ids[i]), or [1, V] for the last position only when `last_only` (prefill:
+        saves the n x V LM-head product). The cache grows by n positions.
+        """
+        out = self.model(
+            input_ids=self.as_input(token_ids),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        return out.logits[0]

@@ -1,0 +1,45 @@
+"""What a method gets to build itself, and the pieces several methods share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pardec_cli.engine.model import LanguageModel
+
+
+@dataclass(frozen=True)
+class MethodEnv:
+    """The target and its tokenizer, plus a way to load a second model (drafters).
+
+    `load_model(spec)` returns (LanguageModel, tokenizer) on the target's device and
+    dtype; it is injected by the session layer so methods never touch the store.
+    """
+
+    target: LanguageModel
+    tokenizer: Any
+    load_model: Callable[[str], tuple[LanguageModel, Any]] | None = None
+
+
+class AdaptiveLength:
+    """Draft length that follows recent acceptance (the rule Hugging Face uses).
+
+    A fully accepted draft grows the next one by 2; any rejection shrinks it by 1.
+    """
+
+    def __init__(self, k: int, min_k: int, max_k: int, adaptive: bool) -> None:
+        from pardec_cli.errors import PardecUsageError
+
+        if not 1 <= min_k <= max_k:
+            raise PardecUsageError(f"draft length bounds need 1 <= min_k <= max_k, got {min_k} and {max_k}")
+        self.min_k, self.max_k, self.adaptive = min_k, max_k, adaptive
+        self.k = min(max(k, min_k), max_k)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if not self.adaptive or drafted == 0:
+            return
+        if accepted == drafted:
+            self.k = min(self.k + 2, self.max_k)
+        else:
+            self.k = max(self.k - 1, self.min_k)

@@ -1,0 +1,76 @@
+"""Prompt lookup decoding (Saxena 2023): drafts copied from earlier text.
+
+Outputs often repeat spans of their input (code edits, extraction, summaries that quote).
+Match the last n tokens against everything seen so far (prompt and output), and propose
+what followed their most recent earlier occurrence. Longer n-grams are tried first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, StartContext
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.methods.base import MethodEnv
+
+
+class NgramIndex:
+    """For each n-gram (min_n <= n <= max_n) of a growing token list, where it last ended.
+
+    Only n-grams that are followed by at least one token are indexed, so the suffix being
+    looked up never matches itself. Updating costs O(max_n) per new token.
+    """
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self._last_end: dict[tuple[int, ...], int] = {}
+        self._indexed_until = 0  # n-gram end positions < this are indexed
+
+    def extend_to(self, context: Sequence[int]) -> None:
+        """Catch up with `context`, which must extend the tokens seen so far."""
+        self.tokens.extend(context[len(self.tokens) :])
+        for end in range(max(self._indexed_until, 1), len(self.tokens)):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self._last_end[tuple(self.tokens[end - n : end])] = end
+        self._indexed_until = max(self._indexed_until, len(self.tokens))
+
+    def continuation(self, length: int) -> list[int]:
+        """Up to `length` tokens that followed the latest earlier match of the longest suffix."""
+        size = len(self.tokens)
+        for n in range(min(self.max_n, size), self.min_n - 1, -1):
+            end = self._last_end.get(tuple(self.tokens[size - n :]))
+            if end is not None:
+                return self.tokens[end : end + length]
+        return []
+
+
+class PromptLookup:
+    """Chain drafts copied from the context; no model, no extra memory beyond an index."""
+
+    name = "pld"
+    needs_rollback = True
+
+    def __init__(self, env: MethodEnv, *, max_ngram: int, min_ngram: int, num_draft: int) -> None:
+        del env
+        if not 1 <= min_ngram <= max_ngram:
+            raise PardecUsageError(f"pld needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        if num_draft < 1:
+            raise PardecUsageError(f"pld needs num_draft >= 1, got {num_draft}")
+        self.max_ngram, self.min_ngram, self.num_draft = max_ngram, min_ngram, num_draft
+        self.index = NgramIndex(min_ngram, max_ngram)
+
+    def start(self, ctx: StartContext) -> None:
+        self.index = NgramIndex(self.min_ngram, self.max_ngram)
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        self.index.extend_to(context)
+        tokens = self.index.continuation(min(self.num_draft, max_tokens))
+        return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
+
+    def update(self, context: Sequence[int], draft: Draft, accepted: int) -> None:
+        pass  # the index catches up with the context at the next propose
+
+    def knobs(self) -> dict[str, Any]:
+        return {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "num_draft": self.num_draft}

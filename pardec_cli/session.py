@@ -1,0 +1,238 @@
+"""A loaded model plus a decoding method: what `gen`, `chat`, `bench` and `tune` drive.
+
+Layers (after mlx-lm): `engine.loop.decode` yields token-level step events;
+`Session.stream` wraps them in text chunks (multi-byte safe, stop strings removed) and
+keeps the statistics; `Session.generate` returns the whole result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pardec_cli.engine.events import FINISH_CANCELLED, FINISH_STOP, GenerationStats, StepEvent
+from pardec_cli.engine.sampling import SamplingParams
+from pardec_cli.errors import PardecUsageError
+
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """New text released by one decoding step (may be empty: held back or partial character)."""
+
+    text: str
+    event: StepEvent
+
+
+@dataclass
+class GenerationResult:
+    """Everything about one finished generation."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: GenerationStats
+    method: str
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
+class TextStream:
+    """Iterates text chunks of one generation; afterwards holds its text, ids and stats.
+
+    Stopping the iteration early (a `break`, Ctrl-C) is safe: `finish()` marks the
+    generation cancelled and flushes what was held back.
+    """
+
+    def __init__(self, events: Iterator[StepEvent], tokenizer: Any, stop: Sequence[str], prompt_tokens: int) -> None:
+        from pardec_cli.engine.text import IncrementalDetokenizer, StopMatcher
+
+        self._events = events
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._stop = StopMatcher(stop)
+        self.stats = GenerationStats(prompt_tokens=prompt_tokens)
+        self.token_ids: list[int] = []
+        self.parts: list[str] = []
+        self.finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        for event in self._events:
+            self.stats.add(event)
+            self.token_ids.extend(event.tokens)
+            text = self._stop.push(self._detok.push(event.tokens))
+            if event.finish_reason is not None:
+                self.finish_reason = event.finish_reason
+                text += self._stop.push(self._detok.flush()) + self._stop.flush()
+            if self._stop.stopped:
+                self.finish_reason = FINISH_STOP
+            self.parts.append(text)
+            yield Chunk(text, event)
+            if self.finish_reason is not None:
+                return
+
+    def finish(self) -> str:
+        """Mark an interrupted generation as cancelled; return text that was still held back."""
+        if self.finish_reason is not None:
+            return ""
+        self.finish_reason = FINISH_CANCELLED
+        close = getattr(self._events, "close", None)
+        if close is not None:
+            close()
+        tail = self._stop.flush()
+        self.parts.append(tail)
+        return tail
+
+
+class Session:
+    """A target model, its tokenizer and the current decoding method."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str = "model",
+        dtype: str = "float32",
+        device: str = "cpu",
+        offline: bool | None = None,
+    ) -> None:
+        from pardec_cli.engine.model import LanguageModel
+
+        self.target = LanguageModel(model)
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.dtype = dtype
+        self.device = device
+        self.offline = offline
+        self._drafters: dict[str, tuple[Any, Any]] = {}
+        self.method_name = "vanilla"
+        self.method_options: dict[str, Any] = {}
+        self.proposer = self._build("vanilla", {})
+
+    # -- construction -----------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls, model_spec: str | None, *, dtype: str = "auto", device: str = "auto", offline: bool | None = None,
+        progress: bool = False,
+    ) -> Session:
+        """Resolve `model_spec` (alias, Hub id, directory, None for the embedded model) and load it."""
+        from pardec_cli.hardware import resolve_device, resolve_dtype
+        from pardec_cli.store.loading import load_model
+        from pardec_cli.store.resolve import resolve_model
+
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
+        resolved = resolve_model(model_spec, offline=offline, progress=progress)
+        model, tokenizer = load_model(resolved.path, dtype=dtype, device=device)
+        return cls(model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline)
+
+    def _load_drafter(self, spec: str) -> tuple[Any, Any]:
+        """Load (once) a second model on the target's device and dtype."""
+        if spec not in self._drafters:
+            from pardec_cli.engine.model import LanguageModel
+            from pardec_cli.store.loading import load_model
+            from pardec_cli.store.resolve import resolve_model
+
+            resolved = resolve_model(spec, offline=self.offline)
+            model, tokenizer = load_model(resolved.path, dtype=self.dtype, device=self.device)
+            self._drafters[spec] = (LanguageModel(model), tokenizer)
+        return self._drafters[spec]
+
+    def _build(self, name: str, options: Mapping[str, Any]) -> Any:
+        from pardec_cli.methods.base import MethodEnv
+        from pardec_cli.methods.registry import create
+
+        return create(name, options, MethodEnv(self.target, self.tokenizer, self._load_drafter))
+
+    def build_proposer(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
+        """A new proposer for this session's model, without making it the current method."""
+        return self._build(name, dict(options or {}))
+
+    def set_method(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+        """Switch the decoding method (validated; the old one stays if this fails)."""
+        proposer = self._build(name, dict(options or {}))
+        self.proposer, self.method_name, self.method_options = proposer, name, dict(options or {})
+
+    # -- prompts ----------------------------------------------------------------------
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, prompt: str | Sequence[Mapping[str, str]], *, system: str | None = None, raw: bool = False) -> list[int]:
+        """Prompt text (or a list of chat messages) -> token ids.
+
+        Through the model's chat template unless `raw` or the model has none; a system
+        prompt is added as the first message.
+        """
+        if raw or not self.has_chat_template:
+            if not isinstance(prompt, str):
+                prompt = "\n\n".join(m["content"] for m in prompt)
+            text = f"{system}\n\n{prompt}" if system else prompt
+            ids = self.tokenizer(text).input_ids
+        else:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            if system:
+                messages = [{"role": "system", "content": system}, *[m for m in messages if m["role"] != "system"]]
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        if not ids:
+            raise PardecUsageError("the prompt is empty")
+        return list(ids)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """Every id that ends a reply: the tokenizer's EOS and the generation config's."""
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        config_eos = getattr(getattr(self.target.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(config_eos, int):
+            ids.add(config_eos)
+        elif config_eos:
+            ids.update(int(i) for i in config_eos)
+        return ids
+
+    # -- generation -------------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int = DEFAULT_MAX_TOKENS,
+        sampling: SamplingParams = SamplingParams(),
+        stop: Sequence[str] = (),
+        proposer: Any = None,
+    ) -> TextStream:
+        """Start a generation; iterate the returned stream for text chunks.
+
+        `proposer` overrides the session's method for this one generation (the benchmark
+        interleaves several methods over one loaded model this way).
+        """
+        from pardec_cli.engine.loop import decode
+
+        events = decode(
+            self.target,
+            proposer or self.proposer,
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_token_ids=self.eos_token_ids,
+        )
+        return TextStream(events, self.tokenizer, stop, len(prompt_ids))
+
+    def generate(self, prompt_ids: Sequence[int], **kwargs: Any) -> GenerationResult:
+        """Run a generation to the end and return it whole."""
+        stream = self.stream(prompt_ids, **kwargs)
+        for _ in stream:
+            pass
+        return GenerationResult(
+            stream.text, stream.token_ids, stream.finish_reason or "", stream.stats, self.method_name,
+            self.proposer.knobs(),
+        )

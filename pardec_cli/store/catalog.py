@@ -1,0 +1,116 @@
+"""The model catalog: short aliases for Hub models, with their drafters and heads.
+
+The built-in catalog is ``pardec_cli/data/catalog.toml`` (read through
+importlib.resources, so it is found in a wheel install too). A user catalog at
+``config_dir()/catalog.toml`` with the same layout adds aliases or replaces built-in
+ones. Aliases are lower-case and matched case-insensitively.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pardec_cli.errors import PardecError
+from pardec_cli.home import config_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+_LIST_FIELDS = ("drafters", "medusa", "eagle")
+_KNOWN_FIELDS = {"repo", "revision", "family", "description", *_LIST_FIELDS}
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One alias: the Hub repo it names, and what can draft for it.
+
+    `drafters` holds aliases or Hub ids of smaller models sharing the tokenizer (best
+    first); `medusa` and `eagle` hold Hub ids of heads trained for this exact model.
+    """
+
+    alias: str
+    repo: str
+    family: str
+    revision: str | None = None
+    drafters: tuple[str, ...] = ()
+    medusa: tuple[str, ...] = ()
+    eagle: tuple[str, ...] = ()
+    description: str = ""
+
+
+def _entry(alias: str, table: Any, source: str) -> CatalogEntry:
+    """Validate one ``[models.<alias>]`` table."""
+    where = f"{source}: [models.{alias}]"
+    if not isinstance(table, dict):
+        raise PardecError(f"{where} must be a table")
+    unknown = sorted(set(table) - _KNOWN_FIELDS)
+    if unknown:
+        raise PardecError(f"{where} has unknown field(s): {', '.join(unknown)}")
+    for key in ("repo", "family"):
+        if not isinstance(table.get(key), str) or not table[key]:
+            raise PardecError(f"{where} needs a non-empty string {key!r}")
+    lists: dict[str, tuple[str, ...]] = {}
+    for key in _LIST_FIELDS:
+        value = table.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise PardecError(f"{where}: {key!r} must be a list of strings")
+        lists[key] = tuple(value)
+    revision = table.get("revision")
+    if revision is not None and not isinstance(revision, str):
+        raise PardecError(f"{where}: 'revision' must be a string")
+    return CatalogEntry(
+        alias=alias.lower(),
+        repo=table["repo"],
+        family=table["family"],
+        revision=revision or None,
+        description=str(table.get("description", "")),
+        **lists,
+    )
+
+
+def parse_catalog(text: str, source: str = "catalog.toml") -> dict[str, CatalogEntry]:
+    """Parse catalog TOML text; `source` names it in error messages."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PardecError(f"{source} is not valid TOML: {exc}") from None
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise PardecError(f"{source}: 'models' must be a table of aliases")
+    return {alias.lower(): _entry(alias, table, source) for alias, table in models.items()}
+
+
+def builtin_catalog_text() -> str:
+    """The text of the catalog shipped with pardec."""
+    return resources.files("pardec_cli").joinpath("data", "catalog.toml").read_text("utf-8")
+
+
+def user_catalog_path() -> Path:
+    """Where a user catalog is read from (it need not exist)."""
+    return config_dir() / "catalog.toml"
+
+
+def load_catalog() -> dict[str, CatalogEntry]:
+    """All aliases: the built-in catalog, then the user catalog on top."""
+    catalog = parse_catalog(builtin_catalog_text(), "pardec's built-in catalog.toml")
+    user = user_catalog_path()
+    if user.is_file():
+        catalog.update(parse_catalog(user.read_text("utf-8"), str(user)))
+    return catalog
+
+
+def lookup_alias(name: str) -> CatalogEntry | None:
+    """The catalog entry for an alias (case-insensitive), or None."""
+    return load_catalog().get(name.strip().lower())
+
+
+def suggest_aliases(name: str, n: int = 3) -> list[str]:
+    """Aliases that look like `name` (for "did you mean" hints), closest first."""
+    return difflib.get_close_matches(name.strip().lower(), list(load_catalog()), n=n, cutoff=0.6)

@@ -1,0 +1,194 @@
+"""GGUF -> safetensors: import a llama.cpp model file into pardec's model store.
+
+transformers reads GGUF (dequantizing every tensor), and pardec saves the result as an
+ordinary checkpoint under ``models_dir()/<name>/`` so that later loads take a second,
+not a conversion. The embedded SmolLM2 model goes through this same code path.
+
+Only the file's header is read here (in pure Python, `gguf_architecture`) to give a
+clear error early; torch and transformers are imported when the conversion starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import struct
+from pathlib import Path
+from typing import BinaryIO
+
+from pardec_cli.errors import ModelLoadError, ModelNotFoundError, PardecError
+from pardec_cli.hardware import canonical_dtype
+from pardec_cli.home import models_dir
+from pardec_cli.store.layout import check_model_name, is_complete, staged_model_dir, write_marker
+
+GGUF_MAGIC = b"GGUF"
+
+# GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array).
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
+_STRING, _ARRAY = 8, 9
+
+
+class _BadGGUF(Exception):
+    """The header does not parse."""
+
+
+def _read(f: BinaryIO, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise _BadGGUF("file ends inside the header")
+    return data
+
+
+def _u64(f: BinaryIO) -> int:
+    return struct.unpack("<Q", _read(f, 8))[0]
+
+
+def _string(f: BinaryIO) -> bytes:
+    length = _u64(f)
+    if length > 1 << 24:
+        raise _BadGGUF("implausible string length")
+    return _read(f, length)
+
+
+def _skip_value(f: BinaryIO, vtype: int) -> None:
+    if vtype in _SCALARS:
+        _read(f, struct.calcsize(_SCALARS[vtype]))
+    elif vtype == _STRING:
+        _string(f)
+    elif vtype == _ARRAY:
+        item_type = struct.unpack("<I", _read(f, 4))[0]
+        count = _u64(f)
+        if item_type in _SCALARS:  # fixed size: seek over the whole array at once
+            f.seek(count * struct.calcsize(_SCALARS[item_type]), 1)
+        else:
+            for _ in range(count):
+                _skip_value(f, item_type)
+    else:
+        raise _BadGGUF(f"unknown metadata type {vtype}")
+
+
+def gguf_architecture(path: Path) -> str:
+    """``general.architecture`` from a GGUF file's header (for example "llama").
+
+    Raises `ModelLoadError` when the file is not a readable GGUF file.
+    """
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != GGUF_MAGIC:
+                raise ModelLoadError(
+                    f"{path} is not a GGUF file (it does not start with 'GGUF')",
+                    hint="pass a .gguf file as written by llama.cpp",
+                )
+            version = struct.unpack("<I", _read(f, 4))[0]
+            if version < 2:
+                raise _BadGGUF(f"GGUF version {version} is too old")
+            _u64(f)  # tensor count
+            for _ in range(_u64(f)):
+                key = _string(f)
+                vtype = struct.unpack("<I", _read(f, 4))[0]
+                if key == b"general.architecture" and vtype == _STRING:
+                    return _string(f).decode("utf-8", errors="replace")
+                _skip_value(f, vtype)
+    except _BadGGUF as exc:
+        raise ModelLoadError(f"{path} is not a valid GGUF file: {exc}") from None
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror or exc}") from None
+    raise ModelLoadError(f"{path} has no general.architecture in its GGUF header")
+
+
+def _check_gguf_path(path: Path) -> None:
+    if not path.exists():
+        raise ModelNotFoundError(f"GGUF file not found: {path}")
+    if not path.is_file():
+        raise PardecError(f"{path} is not a file", hint="pass the path of a .gguf file")
+
+
+def _convert(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None,
+             architecture: str) -> None:  # fmt: skip
+    """Dequantize `gguf_path` with transformers and save a checkpoint into `out_dir`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pardec_cli.hardware import torch_dtype
+    from pardec_cli.store.loading import quiet_transformers
+
+    where = {"gguf_file": gguf_path.name}
+    # transformers' GGUF reader draws a raw tqdm bar that ignores its progress-bar
+    # switch; it goes to sys.stderr, so a redirect keeps pardec's stderr clean.
+    try:
+        with quiet_transformers(), contextlib.redirect_stderr(io.StringIO()):
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf_path.parent), **where, dtype=torch_dtype(dtype)
+            )
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **where)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "architecture" in first.lower() or "not supported" in first.lower():
+            raise ModelLoadError(
+                f"transformers cannot load GGUF architecture {architecture!r} "
+                f"({gguf_path.name}): {first}",
+                hint="only GGUF files of architectures that transformers supports (llama, "
+                "mistral, qwen2, qwen3, phi3, gemma2/3, ...) can be imported",
+            ) from None
+        raise ModelLoadError(
+            f"cannot convert {gguf_path.name} (GGUF architecture {architecture!r}): {first}",
+            hint="the file may be damaged, or use a quantization transformers cannot "
+            "dequantize (Q4_0/Q4_1/Q5/Q8_0/K-quants work)",
+        ) from None
+    # The dequantized weights are plain tensors: drop the GGUF "quantization" so that
+    # save_pretrained writes an ordinary checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config._name_or_path = source_repo or gguf_path.stem
+    try:
+        with quiet_transformers():
+            model.save_pretrained(str(out_dir))
+            tokenizer.save_pretrained(str(out_dir))
+    except OSError as exc:
+        raise PardecError(
+            f"cannot write the converted model to {out_dir.parent}: {exc.strerror or exc}",
+            hint="check the free disk space (a float32 copy takes 4 bytes per parameter)",
+        ) from None
+
+
+def import_gguf(
+    gguf_path: Path,
+    name: str,
+    *,
+    overwrite: bool = False,
+    source_repo: str | None = None,
+    dtype: str = "float32",
+) -> Path:
+    """Convert a GGUF file into ``models_dir()/name`` and return that directory.
+
+    `source_repo` is the Hub id the GGUF was made from (recorded in config.json and the
+    marker). `dtype` is the dtype the weights are saved in: float32 keeps greedy decoding
+    bit-exact; bfloat16 halves the size (lower precision is chosen at load time anyway).
+    Raises `ModelNotFoundError` for a missing file, `ModelLoadError` for a file that is
+    not GGUF or that transformers cannot load, and `PardecError` when `name` exists and
+    not `overwrite`.
+    """
+    path = Path(gguf_path).expanduser()
+    _check_gguf_path(path)
+    check_model_name(name)
+    dtype = canonical_dtype(dtype)
+    target = models_dir() / name
+    if is_complete(target) and not overwrite:
+        raise PardecError(
+            f"a model named {name!r} already exists in {models_dir()}",
+            hint="choose another name, or overwrite it",
+        )
+    architecture = gguf_architecture(path)
+    with staged_model_dir(name, overwrite=overwrite) as tmp:
+        _convert(path, tmp, dtype=dtype, source_repo=source_repo, architecture=architecture)
+        write_marker(
+            tmp,
+            source="gguf",
+            gguf=str(path.resolve()),
+            gguf_size=path.stat().st_size,
+            source_repo=source_repo,
+            architecture=architecture,
+            dtype=dtype,
+        )
+    return target

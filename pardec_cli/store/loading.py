@@ -1,0 +1,232 @@
+"""Load a model directory into a (model, tokenizer) pair, quietly and with clear errors.
+
+Before transformers sees the directory, `check_model_files` reads config.json and the
+header of every safetensors file: a missing, corrupt or truncated file becomes a
+`ModelLoadError` naming it, rather than a deep traceback (or a crash) mid-load.
+transformers' progress bars and warnings are silenced while loading, because pardec's
+stdout and stderr belong to the generated text and pardec's own messages.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pardec_cli.errors import ModelLoadError
+from pardec_cli.hardware import canonical_dtype, torch_dtype
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
+_REDO_HINT = "the file is incomplete or damaged: download or convert the model again"
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' and huggingface_hub's logging, progress bars and warnings.
+
+    The previous settings are restored on exit.
+    """
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as tf_logging
+
+    verbosity = tf_logging.get_verbosity()
+    tf_bars = tf_logging.is_progress_bar_enabled()
+    hub_bars_off = hub_utils.are_progress_bars_disabled()
+    tf_logging.set_verbosity_error()
+    tf_logging.disable_progress_bar()
+    hub_utils.disable_progress_bars()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        tf_logging.set_verbosity(verbosity)
+        if tf_bars:
+            tf_logging.enable_progress_bar()
+        if not hub_bars_off:
+            hub_utils.enable_progress_bars()
+
+
+# ------------------------------------------------------------------ file checks
+
+
+def check_safetensors_file(file: Path) -> None:
+    """Raise `ModelLoadError` unless `file` has a readable header and all its data.
+
+    A safetensors file is an 8-byte little-endian header length, a JSON header giving
+    each tensor's ``data_offsets`` into the data that follows, then the data; the file
+    must be at least ``8 + header length + largest end offset`` bytes long.
+    """
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise ModelLoadError(f"{file} is truncated ({size} bytes)", hint=_REDO_HINT)
+            header_len = struct.unpack("<Q", prefix)[0]
+            if header_len > min(size - 8, _MAX_HEADER):
+                raise ModelLoadError(
+                    f"{file} is corrupt or truncated: its header claims {header_len} bytes, "
+                    f"the file has {size}",
+                    hint=_REDO_HINT,
+                )
+            header = json.loads(f.read(header_len))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {file}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ModelLoadError(
+            f"{file} is corrupt: its header is not valid JSON", hint=_REDO_HINT
+        ) from None
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{file} is corrupt: its header is not a JSON object", hint=_REDO_HINT)
+    data_end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise ModelLoadError(
+                f"{file} is corrupt: bad offsets for tensor {name!r}", hint=_REDO_HINT
+            )
+        data_end = max(data_end, offsets[1])
+    expected = 8 + header_len + data_end
+    if size < expected:
+        raise ModelLoadError(
+            f"{file} is truncated: {size} bytes, its header needs {expected}", hint=_REDO_HINT
+        )
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text("utf-8"))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {file}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ModelLoadError(f"{file} is not valid JSON", hint=_REDO_HINT) from None
+
+
+def check_model_files(path: Path) -> dict[str, Any]:
+    """Check a model directory's files before loading; return its config.json contents.
+
+    Raises `ModelLoadError` for a missing directory or config.json, a shard listed in a
+    ``*.safetensors.index.json`` that is missing, a damaged safetensors file, or no
+    weights at all.
+    """
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory not found: {path}")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{path} has no config.json (not a transformers model)")
+    config = _read_json(config_file)
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_file} is not a JSON object", hint=_REDO_HINT)
+    for index in path.glob("*.safetensors.index.json"):
+        weight_map = _read_json(index).get("weight_map", {})
+        for shard in sorted(set(weight_map.values())):
+            if not (path / shard).is_file():
+                raise ModelLoadError(
+                    f"{path / shard} is missing (listed in {index.name})", hint=_REDO_HINT
+                )
+    safetensors = sorted(path.glob("*.safetensors"))
+    for file in safetensors:
+        check_safetensors_file(file)
+    if not safetensors and not any(path.glob("*.bin")) and not any(path.glob("*.pt")):
+        raise ModelLoadError(f"{path} holds no model weights (*.safetensors or *.bin)")
+    return config
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def _load_config(path: Path, model_type: str) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (ValueError, KeyError):
+        raise ModelLoadError(
+            f"transformers cannot load architecture {model_type!r} ({path / 'config.json'})",
+            hint="upgrade transformers (pip install -U transformers); "
+            "pardec never runs code shipped with a model",
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_model(
+    path: Path, *, dtype: str, device: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load ``(model, tokenizer)`` from a model directory, ready for inference.
+
+    `dtype` is a name from `pardec_cli.hardware` ("float32", "bfloat16", "float16");
+    `device` a resolved device ("cpu", "cuda", "cuda:1", "mps"). The model uses SDPA
+    attention (eager where the architecture lacks it) and is in eval mode. Every failure
+    is a `ModelLoadError` naming the file or architecture at fault.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    raw_config = check_model_files(path)
+    model_type = str(raw_config.get("model_type", "unknown"))
+    dtype = canonical_dtype(dtype)
+    with quiet_transformers():
+        config = _load_config(path, model_type)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+        except Exception as exc:
+            raise ModelLoadError(
+                f"cannot load the tokenizer in {path}: {_first_line(exc)}",
+                hint="a model directory needs its tokenizer files "
+                "(tokenizer.json or tokenizer.model)",
+            ) from None
+        kwargs: dict[str, Any] = {"config": config, "dtype": torch_dtype(dtype)}
+        if device != "cpu":
+            kwargs["device_map"] = device
+        try:
+            model = _from_pretrained(AutoModelForCausalLM, path, kwargs)
+        except torch.cuda.OutOfMemoryError:
+            raise ModelLoadError(
+                f"not enough GPU memory to load {path.name} in {dtype}",
+                hint="try a smaller model, a 16-bit --dtype, or --device cpu",
+            ) from None
+        except MemoryError:
+            raise ModelLoadError(f"not enough memory to load {path.name} in {dtype}") from None
+        except ValueError as exc:
+            if "Unrecognized configuration class" in str(exc):
+                raise ModelLoadError(
+                    f"transformers cannot load architecture {model_type!r} "
+                    "as a causal language model"
+                ) from None
+            raise ModelLoadError(f"cannot load the model in {path}: {_first_line(exc)}") from None
+        except Exception as exc:  # OSError, safetensors' SafetensorError, ...
+            raise ModelLoadError(
+                f"cannot load the model in {path}: {_first_line(exc)}", hint=_REDO_HINT
+            ) from None
+    model.eval()
+    return model, tokenizer
+
+
+def _from_pretrained(auto_class: Any, path: Path, kwargs: dict[str, Any]) -> Any:
+    """from_pretrained with SDPA attention, or eager where the architecture lacks SDPA."""
+    try:
+        return auto_class.from_pretrained(str(path), attn_implementation="sdpa", **kwargs)
+    except ValueError as exc:
+        if "sdpa" not in str(exc).lower():
+            raise
+        return auto_class.from_pretrained(str(path), attn_implementation="eager", **kwargs)

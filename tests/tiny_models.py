@@ -1,0 +1,40 @@
+"""Tiny random models for fast, exact tests (no download, no tokenizer needed)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def tiny_llama(
+    seed: int = 0, *, vocab: int = 96, layers: int = 4, hidden: int = 32, max_positions: int = 512
+) -> LlamaForCausalLM:
+    """A random float32 Llama small enough that a forward takes well under a millisecond.
+
+    Random weights give nearly uniform next-token distributions, so greedy output has
+    few repeats; the `peaked` variant below makes drafts that actually get accepted.
+    """
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+def peaked(model: LlamaForCausalLM, scale: float = 8.0) -> LlamaForCausalLM:
+    """Sharpen the LM head so greedy text falls into repetitive loops (high acceptance)."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
