@@ -21,6 +21,7 @@ METHOD_CASES = [
     ("vanilla", {}),
     ("pld", {}),
     ("pld", {"max_ngram": 1, "num_draft": 3}),
+    ("pld", {"prefer": "recent"}),
     ("layerskip", {"layers": 1}),
     ("layerskip", {"layers": 3, "k": 8, "adaptive": False}),
     ("layerskip", {"layer_list": "0,2"}),

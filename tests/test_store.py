@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 
 from pardec_cli.errors import ModelLoadError, ModelNotFoundError, PardecError, PardecUsageError
 from pardec_cli.home import models_dir
-from pardec_cli.store import catalog, embedded, gguf_import, layout, resolve
+from pardec_cli.store import catalog, embedded, gguf_import, hub, layout, pull, records, resolve
 from pardec_cli.store.catalog import load_catalog, lookup_alias, suggest_aliases
 from pardec_cli.store.resolve import ResolvedModel, resolve_model
 
@@ -68,7 +69,8 @@ def test_importing_the_store_does_not_import_torch() -> None:
     code = (
         "import sys\n"
         "import pardec_cli.hardware, pardec_cli.store\n"
-        "from pardec_cli.store import catalog, embedded, gguf_import, layout, loading, resolve\n"
+        "from pardec_cli.store import catalog, embedded, gguf_import, hub, inventory, layout, loading\n"
+        "from pardec_cli.store import pull, records, resolve\n"
         "from pardec_cli.store import resolve_model, load_model, lookup_alias\n"
         "heavy = [m for m in ('torch', 'transformers', 'huggingface_hub') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
@@ -272,36 +274,43 @@ def test_resolve_none_means_the_embedded_model(monkeypatch: pytest.MonkeyPatch, 
     assert calls == [(False, True), (True, True)]
 
 
-def test_hub_errors_become_one_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    import huggingface_hub
+class FailingClient(hub.HubClient):
+    """A Hub client whose listing raises `error` (the seam around huggingface_hub)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def listing(self, repo: str, revision: str | None) -> hub.RepoListing:
+        raise self.error
+
+
+def _response(status: int) -> object:
+    return SimpleNamespace(status_code=status, headers={}, request=None)
+
+
+@pytest.mark.parametrize(
+    ("make_error", "message", "hint"),
+    [
+        (lambda e: e.GatedRepoError("403 gated", response=_response(403)), "is gated", "hf auth login"),
+        (lambda e: e.RepositoryNotFoundError("404", response=_response(404)), "was not found", "hf auth login"),
+        (lambda e: e.LocalEntryNotFoundError("connection error"), "unreachable", "network"),
+        (lambda e: ConnectionError("Connection reset by peer\nmore detail"),
+         "downloading meta-llama/Llama-3.2-1B-Instruct failed: Connection reset by peer$", None),
+        (lambda e: OSError(28, "No space left on device"), "the disk is full", "HF_HUB_CACHE"),
+    ],
+)  # fmt: skip
+def test_hub_errors_become_one_line_errors(
+    monkeypatch: pytest.MonkeyPatch, make_error: object, message: str, hint: str | None
+) -> None:
     from huggingface_hub import errors
 
-    def gated(*args: object, **kwargs: object) -> str:
-        if kwargs.get("local_files_only"):
-            raise errors.LocalEntryNotFoundError("not cached")
-        response = SimpleNamespace(headers={}, request=None)
-        raise errors.GatedRepoError("403 gated", response=response)
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", gated)
-    with pytest.raises(ModelNotFoundError, match="gated") as info:
-        resolve_model("meta-llama/Llama-3.2-1B-Instruct", offline=False)
-    assert "huggingface-cli login" in (info.value.hint or "")
-
-    def unreachable(*args: object, **kwargs: object) -> str:
-        raise errors.LocalEntryNotFoundError("connection error and not cached")
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
-    with pytest.raises(ModelNotFoundError, match="unreachable"):
-        resolve_model("org/model", offline=False)
-
-    def broken(*args: object, **kwargs: object) -> str:
-        if kwargs.get("local_files_only"):
-            raise errors.LocalEntryNotFoundError("not cached")
-        raise ConnectionError("Connection reset by peer\nmore detail")
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", broken)
-    with pytest.raises(PardecError, match="downloading org/model failed: Connection reset by peer$"):
-        resolve_model("org/model", offline=False)
+    monkeypatch.setattr(hub, "_client", FailingClient(make_error(errors)))  # type: ignore[operator]
+    with pytest.raises(PardecError, match=message) as info:
+        resolve_model("llama3.2-1b", offline=False)
+    assert "\n" not in info.value.message
+    if hint:
+        assert hint in (info.value.hint or "")
+    assert not hub.repo_dir("meta-llama/Llama-3.2-1B-Instruct").exists()
 
 
 # ----------------------------------------------------------------- GGUF import
@@ -610,3 +619,261 @@ def test_embedded_model_converts_and_loads(
         logits = model(ids).logits
     assert logits.shape == (1, ids.shape[1], model.config.vocab_size)
     assert torch.isfinite(logits).all()
+
+
+# ------------------------------------------------------------ catalog coverage
+
+
+@pytest.mark.parametrize(
+    ("alias", "repo", "drafters", "heads"),
+    [
+        ("llama3-8b", "meta-llama/Meta-Llama-3-8B-Instruct", ["llama3.2-1b"],
+         {"eagle": ["yuhuili/EAGLE-LLaMA3-Instruct-8B"]}),
+        ("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", ["llama3.2-1b"],
+         {"eagle": ["yuhuili/EAGLE-LLaMA3.1-Instruct-8B"], "eagle3": ["yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"]}),
+        ("vicuna-7b", "lmsys/vicuna-7b-v1.3", ["vicuna-68m", "vicuna-160m"],
+         {"medusa": ["FasterDecoding/medusa-vicuna-7b-v1.3"], "eagle": ["yuhuili/EAGLE-Vicuna-7B-v1.3"]}),
+        ("vicuna-13b", "lmsys/vicuna-13b-v1.3", ["vicuna-68m", "vicuna-160m"],
+         {"medusa": ["FasterDecoding/medusa-vicuna-13b-v1.3"], "eagle": ["yuhuili/EAGLE-Vicuna-13B-v1.3"],
+          "eagle3": ["yuhuili/EAGLE3-Vicuna1.3-13B"]}),
+        ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", ["qwen2.5-0.5b", "qwen2.5-1.5b"], {}),
+        ("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", ["qwen2.5-0.5b", "qwen2.5-1.5b"], {}),
+        ("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", ["qwen2.5-0.5b", "qwen2.5-1.5b"], {}),
+        ("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", ["smollm2-135m", "smollm2-360m"], {}),
+        ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", [], {}),
+        ("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", ["smollm2-135m"], {}),
+    ],
+)  # fmt: skip
+def test_catalog_covers_the_issue(alias: str, repo: str, drafters: list[str], heads: dict[str, list[str]]) -> None:
+    entry = lookup_alias(alias)
+    assert entry is not None and entry.repo == repo
+    assert list(entry.drafters) == drafters
+    for kind in ("medusa", "eagle", "eagle3"):
+        assert list(getattr(entry, kind)) == heads.get(kind, [])
+    assert entry.chat_template  # every alias says how it formats a chat
+    accelerators = entry.accelerators()
+    assert [a.ref for a in accelerators if a.kind == "drafter"] == drafters
+    assert {a.method for a in accelerators} <= {"draft", "medusa", "eagle", "eagle3"}
+    assert catalog.entry_for_repo(repo.upper()) == entry
+
+
+def test_llama3_drafter_resolves_to_llama32_1b() -> None:
+    (drafter,) = pull.plan_accelerators(pull.plan_target("llama3-8b"), no_drafters=False, chosen=("llama3.2-1b",))
+    assert (drafter.kind, drafter.repo, drafter.method) == ("drafter", "meta-llama/Llama-3.2-1B-Instruct", "draft")
+    plans = pull.plan_accelerators(pull.plan_target("vicuna-13b"), no_drafters=False, chosen=())
+    assert [(p.kind, p.repo) for p in plans] == [
+        ("drafter", "double7/vicuna-68m"), ("drafter", "double7/vicuna-160m"),
+        ("medusa", "FasterDecoding/medusa-vicuna-13b-v1.3"), ("eagle", "yuhuili/EAGLE-Vicuna-13B-v1.3"),
+        ("eagle3", "yuhuili/EAGLE3-Vicuna1.3-13B"),
+    ]  # fmt: skip
+    assert pull.plan_accelerators(pull.plan_target("vicuna-13b"), no_drafters=True, chosen=()) == []
+    by_id = pull.plan_target("Qwen/Qwen2.5-7B-Instruct")
+    assert (by_id.name, by_id.alias) == ("qwen2.5-7b", "qwen2.5-7b")
+    other = pull.plan_target("some-org/some-model", "v1")
+    assert (other.name, other.repo, other.revision, other.entry) == ("some-org/some-model", "some-org/some-model", "v1", None)
+    with pytest.raises(ModelNotFoundError, match="unknown model 'qwen2.5-7'") as info:
+        pull.plan_target("qwen2.5-7")
+    assert "qwen2.5-7b" in (info.value.hint or "")
+
+
+def test_catalog_text_fields_must_be_strings() -> None:
+    with pytest.raises(PardecError, match="'notes' must be a string"):
+        catalog.parse_catalog('[models.x]\nrepo = "a/b"\nfamily = "llama"\nnotes = 3\n', "t.toml")
+    entry = catalog.parse_catalog(
+        '[models.x]\nrepo = "a/b"\nfamily = "llama"\neagle3 = ["c/d"]\nchat_template = "ChatML"\n', "t.toml"
+    )["x"]
+    assert entry.eagle3 == ("c/d",) and entry.chat_template == "ChatML"
+    assert [(a.kind, a.method) for a in entry.accelerators()] == [("eagle3", "eagle3")]
+
+
+# ------------------------------------------------------- tokenizer compatibility
+
+
+class FakeTokenizer:
+    """Just what `tokenizer_mismatch` reads from a tokenizer."""
+
+    def __init__(self, tokens: list[str], special: set[int] = frozenset(), **named: str) -> None:
+        self.tokens = tokens
+        self.bos_token = self.eos_token = self.unk_token = self.pad_token = None
+        for key, value in named.items():
+            setattr(self, key, value)
+        self.added_tokens_decoder = {i: SimpleNamespace(special=True) for i in special}
+
+    def get_vocab(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.tokens)}
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.tokens[i] for i in ids]
+
+
+WORDS = [f"t{i}" for i in range(3000)]
+
+
+def test_same_tokenizer_with_padding_is_compatible() -> None:
+    from pardec_cli.tokenizer_compat import tokenizer_mismatch
+
+    target = FakeTokenizer([*WORDS, "<pad1>", "<pad2>"], eos_token="t2")
+    assert tokenizer_mismatch(target, FakeTokenizer(WORDS, eos_token="t2")) is None
+    # Which token each designates as EOS may differ; the ids must not.
+    assert tokenizer_mismatch(target, FakeTokenizer(WORDS, eos_token="t5")) is None
+
+
+@pytest.mark.parametrize(
+    ("drafter", "message"),
+    [
+        (FakeTokenizer(WORDS[:2000], eos_token="t2"), "vocabulary sizes differ: target 3000, drafter 2000"),
+        (FakeTokenizer([*WORDS[:1500], "x", *WORDS[1501:]], eos_token="t2"), "token 1500 differs: target 't1500', drafter 'x'"),
+        (FakeTokenizer([*WORDS[:2999], "t2"], eos_token="t2"), "special token 't2' has id 2 in the target, 2999 in the drafter"),
+        (FakeTokenizer(["y", *WORDS[1:]], eos_token="y"), "special token 't0' .*missing from the drafter"),
+    ],
+)  # fmt: skip
+def test_tokenizer_mismatch_names_the_difference(drafter: FakeTokenizer, message: str) -> None:
+    from pardec_cli.tokenizer_compat import tokenizer_mismatch
+
+    target = FakeTokenizer(WORDS, bos_token="t0", eos_token="t2")
+    problem = tokenizer_mismatch(target, drafter)
+    assert problem is not None and re.search(message, problem), problem
+
+
+def test_renamed_reserved_tokens_are_tolerated() -> None:
+    """Llama 3 -> 3.1 renamed reserved special tokens; the ids of real ones did not move."""
+    from pardec_cli.tokenizer_compat import sample_ids, tokenizer_mismatch
+
+    old = [*WORDS[:2990], *(f"<|reserved_{i}|>" for i in range(10))]
+    new = [*WORDS[:2990], "<|eom_id|>", *(f"<|reserved_{i}|>" for i in range(1, 10))]
+    special = set(range(2990, 3000))
+    assert tokenizer_mismatch(FakeTokenizer(old, special, eos_token="t2"), FakeTokenizer(new, special, eos_token="t2")) is None
+    # ... but not when the renamed token is one the target names (its EOS here).
+    assert tokenizer_mismatch(
+        FakeTokenizer(old, special, eos_token="<|reserved_0|>"), FakeTokenizer(new, special, eos_token="t2")
+    ) is not None
+    sample = sample_ids(128000)
+    assert len(sample) == 512 and sample[:3] == [0, 1, 2] and sample[-1] == 127999
+
+
+def test_head_compatibility(tmp_path: Path) -> None:
+    target, head = tmp_path / "target", tmp_path / "head"
+    target.mkdir()
+    head.mkdir()
+    (target / "config.json").write_text('{"hidden_size": 4096, "vocab_size": 128256}')
+    assert pull.check_head("eagle", head, target, "meta-llama/Llama-3.1-8B-Instruct")[0] == "unchecked"
+    (head / "config.json").write_text('{"hidden_size": 4096, "vocab_size": 128256}')
+    assert pull.check_head("eagle", head, target, "meta-llama/Llama-3.1-8B-Instruct")[0] == "compatible"
+    (head / "config.json").write_text('{"hidden_size": 5120, "vocab_size": 128256}')
+    assert pull.check_head("eagle3", head, target, "x/y") == ("incompatible", "hidden_size differs: model 4096, head 5120")
+    (head / "config.json").write_text('{"medusa_num_heads": 5, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}')
+    assert pull.check_head("medusa", head, target, "lmsys/vicuna-7b-v1.3")[0] == "compatible"
+    assert pull.check_head("medusa", head, target, "lmsys/vicuna-13b-v1.3") == (
+        "incompatible", "it was trained for lmsys/vicuna-7b-v1.3, not lmsys/vicuna-13b-v1.3"
+    )
+
+
+# ----------------------------------------------------------------- file choice
+
+
+def _choose(files: dict[str, int | None], kind: str = "model", index: dict | None = None) -> list[str]:
+    return pull.select_files("org/repo", files, kind, lambda name: index or {})
+
+
+def test_select_files_for_a_safetensors_model() -> None:
+    files = dict.fromkeys([
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+        "special_tokens_map.json", "model.safetensors", "README.md", ".gitattributes", "LICENSE",
+        "original/consolidated.00.pth", "original/tokenizer.model", "onnx/model.onnx",
+        "pytorch_model.bin", "model.gguf", "chat_template.jinja", "training_args.bin",
+    ], 1)  # fmt: skip
+    assert sorted(_choose(files)) == sorted([
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+        "special_tokens_map.json", "model.safetensors", "chat_template.jinja",
+    ])  # fmt: skip
+
+
+def test_select_files_takes_the_shards_an_index_names() -> None:
+    files = dict.fromkeys(["config.json", "tokenizer.json", "model.safetensors.index.json",
+                           "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                           "consolidated.safetensors"], 1)  # fmt: skip
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    chosen = _choose(files, index=index)
+    assert "consolidated.safetensors" not in chosen
+    assert {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"} <= set(chosen)
+    missing = {**index, "weight_map": {**index["weight_map"], "c": "model-00003-of-00003.safetensors"}}
+    with pytest.raises(ModelLoadError, match="index names model-00003-of-00003.safetensors"):
+        _choose(files, index=missing)
+
+
+def test_select_files_falls_back_to_pickles() -> None:
+    vicuna = dict.fromkeys(["config.json", "tokenizer.model", "tokenizer_config.json", "pytorch_model-00001-of-00002.bin",
+                            "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json",
+                            "training_args.bin"], 1)  # fmt: skip
+    assert sorted(_choose(vicuna)) == sorted([
+        "config.json", "tokenizer.model", "tokenizer_config.json", "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json",
+    ])  # fmt: skip
+    medusa = dict.fromkeys(["config.json", "medusa_lm_head.pt", "README.md", "optimizer.pt"], 1)
+    assert _choose(medusa, "head") == ["config.json", "medusa_lm_head.pt"]
+    medusa_st = {**medusa, "medusa_lm_head.safetensors": 1}
+    assert _choose(medusa_st, "head") == ["config.json", "medusa_lm_head.safetensors"]
+    eagle = dict.fromkeys(["config.json", "pytorch_model.bin"], 1)
+    assert _choose(eagle, "head") == ["config.json", "pytorch_model.bin"]
+
+
+def test_select_files_refuses_what_is_not_a_model() -> None:
+    with pytest.raises(ModelLoadError, match="no config.json") as info:
+        _choose(dict.fromkeys(["README.md", "model-q4_k_m.gguf"], 1))
+    assert "pardec import" in (info.value.hint or "")
+    with pytest.raises(ModelLoadError, match="holds no weights"):
+        _choose(dict.fromkeys(["config.json", "tokenizer.json"], 1))
+
+
+# ----------------------------------------------------------- cache bookkeeping
+
+
+def _fake_pulled_snapshot(repo: str, commit: str, files: dict[str, bytes], shared: Path | None = None) -> Path:
+    """Lay out files as huggingface_hub does: blobs by content hash, snapshot symlinks."""
+    import hashlib
+
+    root = hub.repo_dir(repo)
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    snap = root / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for name, data in files.items():
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / name).symlink_to(os.path.relpath(blob, snap))
+    hub.write_ref(repo, "main", commit)
+    return snap
+
+
+def test_remove_snapshot_files_keeps_shared_blobs() -> None:
+    old = _fake_pulled_snapshot("org/m", "a" * 40, {"config.json": b"{}", "model.safetensors": b"w" * 100})
+    new = _fake_pulled_snapshot("org/m", "b" * 40, {"config.json": b"{}", "model.safetensors": b"v" * 50})
+    (hub.repo_dir("org/m") / "refs" / "old").write_text("a" * 40)
+    freed = hub.remove_snapshot_files("org/m", "a" * 40, ["config.json", "model.safetensors"])
+    assert freed == 100  # config.json's blob is shared with the other snapshot
+    assert not old.exists() and not (hub.repo_dir("org/m") / "refs" / "old").exists()
+    assert (new / "config.json").read_text() == "{}" and (new / "model.safetensors").is_file()
+    assert hub.read_ref("org/m", "main") == "b" * 40
+    assert hub.remove_snapshot_files("org/m", "b" * 40, ["config.json", "model.safetensors"]) == 52
+    assert not hub.repo_dir("org/m").exists()
+
+
+def test_records_round_trip_and_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = _fake_pulled_snapshot(
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "c" * 40, {"config.json": b"{}", "model.safetensors": b"x"}
+    )
+    target = records.RepoRecord("HuggingFaceTB/SmolLM2-135M-Instruct", "main", "c" * 40, str(hub.cache_root()),
+                                {"config.json": 2, "model.safetensors": 1})  # fmt: skip
+    records.save(records.PullRecord("smollm2-135m", target, alias="smollm2-135m"))
+    (loaded,) = records.all_records()
+    assert loaded.target == target and loaded.matches("HuggingFaceTB/smollm2-135m-instruct")
+    monkeypatch.setattr(resolve, "ensure_embedded_model", lambda *a, **k: pytest.fail("not the embedded copy"))
+    # A pull of the embedded alias (original weights) wins over the embedded GGUF copy...
+    assert resolve_model("smollm2-135m") == ResolvedModel(
+        "smollm2-135m", snap, "hf-cache", "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    assert records.last_used("smollm2-135m") is not None
+    # ... but not once its files are gone: then the record does not count.
+    (snap / "model.safetensors").unlink()
+    monkeypatch.setattr(resolve, "ensure_embedded_model", lambda *a, **k: Path("/embedded"))
+    assert resolve_model("smollm2-135m").source == "embedded"
+    assert resolve_model(None).source == "embedded"  # no -m: always the embedded model

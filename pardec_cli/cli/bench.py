@@ -66,7 +66,8 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     if tty:
         click.echo("\r\033[K", err=True, nl=False)
     table = summarize(runs, runner.labels)
-    click.echo(format_tables(table))
+    # With `--json -` stdout holds only the JSON document; the tables go to stderr.
+    click.echo(format_tables(table), err=json_out is not None and str(json_out) == "-")
     if json_out is not None:
         config = {
             "prompts": str(prompts_path), "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,

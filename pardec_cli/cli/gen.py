@@ -1,16 +1,42 @@
-"""`pardec gen`: one prompt in, a streamed reply out."""
+"""`pardec gen`: one prompt in, a streamed reply out; or many prompts, one JSON line each.
+
+Output modes (stdout holds only the reply or the JSON; diagnostics and --stats go to
+stderr):
+
+    (default)    the reply, streamed as tokens are accepted, then a newline
+    --no-stream  the reply, printed whole at the end
+    --json       one JSON object at the end (`result_record`)
+    --jsonl      one JSON object per decoding step (`step_record`), then the --json
+                 object with "type": "result"
+    --prompts FILE / --each-line
+                 many prompts on one model load: one JSON line per prompt
+                 (`batch_record`); with --jsonl their steps are streamed too
+
+Ctrl-C stops the generation after the current step, prints what was generated so far
+(in the chosen format, plus the stats if asked) and exits with 130.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
 
 from pardec_cli.cli.options import build_method_options, method_options, model_options, sampling_options
-from pardec_cli.cli.output import loading_status, print_stats
-from pardec_cli.errors import PardecUsageError
+from pardec_cli.cli.output import (
+    InterruptGuard,
+    is_terminal,
+    loading_status,
+    print_stats,
+    reader_may_leave,
+    write_json_line,
+)
+from pardec_cli.errors import PardecError, PardecUsageError
 
 
 @click.command()
@@ -21,16 +47,28 @@ from pardec_cli.errors import PardecUsageError
 @click.option("-s", "--system", default=None, help="System prompt (through the model's chat template).")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
 @click.option("--stats", is_flag=True, help="Print speed and acceptance statistics to stderr.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, method, stats, finish reason) instead of streaming.")
+@click.option("--no-stream", is_flag=True, help="Print the whole reply at the end instead of as it is generated.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object at the end: text, model, method, knobs, stats, finish reason.")
+@click.option("--jsonl", "as_jsonl", is_flag=True,
+              help="Stream one JSON object per decoding step, then the --json object with \"type\": \"result\".")
+@click.option("--prompts", "prompts_file", default=None, metavar="FILE.jsonl",
+              type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
+              help="Run every prompt of a JSONL file (Spec-Bench 'turns' or a 'prompt' field; '-' reads stdin) "
+              "on one model load; one JSON line per result.")
+@click.option("--each-line", is_flag=True,
+              help="Run every non-empty line of stdin as its own prompt; one JSON line per result.")
 def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
         method: str, method_opts: tuple[str, ...], draft_model: str | None,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
-        system: str | None, raw: bool, stats: bool, as_json: bool) -> None:
+        system: str | None, raw: bool, stats: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
+        prompts_file: Path | None, each_line: bool) -> None:
     """Generate a reply to PROMPT and stream it to stdout.
 
     The prompt is the arguments joined by spaces; text piped on stdin is appended after
     it (so `cat notes.md | pardec gen "Summarise:"` works), and `-` reads the prompt from
-    stdin alone.
+    stdin alone. With --prompts or --each-line, the arguments (if any) are put before
+    every prompt.
 
     \b
     Examples:
@@ -38,61 +76,154 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
       pardec gen --method layerskip -O layers=8 --stats "Explain the KV cache"
       pardec gen --method draft --draft-model smollm2-135m -m smollm2-1.7b "Hi"
       pardec gen --temp 0.7 --seed 1 --stop "\\n\\n" "Write a limerick"
+      pardec gen --json "Hi" | jq -r .stats.tokens_per_s
+      pardec gen --prompts spec_bench.jsonl -n 64 > results.jsonl
+      cut -f2 questions.tsv | pardec gen --each-line "Answer briefly:"
+
+    Exit codes: 0 done (also when -n ends the reply: finish_reason "length"),
+    1 runtime error, 2 usage error, 130 interrupted.
     """
     from pardec_cli.engine.sampling import SamplingParams
     from pardec_cli.session import Session
 
-    text = read_prompt(prompt)
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if as_json and as_jsonl:
+        raise PardecUsageError("--json and --jsonl cannot be combined",
+                               hint="--json prints one object at the end, --jsonl one per step and a summary")
+    if prompts_file is not None and each_line:
+        raise PardecUsageError("--prompts and --each-line cannot be combined")
+    batch = prompts_file is not None or each_line
+    if batch:
+        if "-" in prompt:
+            raise PardecUsageError("'-' reads one prompt from stdin; it cannot be combined with --prompts or --each-line")
+        jobs = batch_prompts(prompts_file, each_line, prefix=" ".join(prompt))
+    else:
+        text = read_prompt(prompt)
+    settings = Settings(
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        stop=stop, system=system, raw=raw,
+    )
     options = build_method_options(method, method_opts, draft_model)
     with loading_status("loading model"):
-        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True)
+        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))
         session.set_method(method, options)
-    prompt_ids = session.encode(text, system=system, raw=raw)
-    stream = session.stream(prompt_ids, max_new_tokens=max_tokens, sampling=sampling, stop=stop)
-    out = sys.stdout
+    with reader_may_leave():
+        if batch:
+            run_batch(session, jobs, settings, steps=as_jsonl, stats=stats)
+        else:
+            mode = "jsonl" if as_jsonl else "json" if as_json else "text"
+            run_single(session, text, settings, mode=mode, streaming=not no_stream, stats=stats)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to generate, for every prompt of a run."""
+
+    max_tokens: int
+    sampling: Any
+    stop: tuple[str, ...]
+    system: str | None
+    raw: bool
+
+
+@dataclass(frozen=True)
+class BatchPrompt:
+    """One prompt of a batch: its position, its id (from the file, else the line number), its text."""
+
+    index: int
+    id: str | int
+    text: str
+    category: str | None = None
+
+
+# -- one generation -------------------------------------------------------------------
+
+
+def generate(session: Any, text: str, settings: Settings, guard: InterruptGuard,
+             on_chunk: Callable[[Any], None] | None = None) -> tuple[Any, bool, str]:
+    """Run one generation, calling `on_chunk` per step; return (stream, interrupted, held-back tail).
+
+    Ctrl-C (through `guard`) ends it after the current step; the stream then holds the
+    text and stats so far and finish_reason "cancelled".
+    """
+    prompt_ids = session.encode(text, system=settings.system, raw=settings.raw)
+    stream = session.stream(prompt_ids, max_new_tokens=settings.max_tokens, sampling=settings.sampling,
+                            stop=settings.stop)
     interrupted = False
     try:
-        for chunk in stream:
-            if chunk.text and not as_json:
-                out.write(chunk.text)
-                out.flush()
-    except KeyboardInterrupt:
+        with guard.generating():
+            for chunk in stream:
+                if on_chunk is not None:
+                    on_chunk(chunk)
+                if guard.requested:
+                    break
+    except KeyboardInterrupt:  # a second Ctrl-C, or one that arrived outside the guard
         interrupted = True
-        tail = stream.finish()
-        if tail and not as_json:
-            out.write(tail)
-    if as_json:
-        out.write(json.dumps(result_record(session, stream), ensure_ascii=False) + "\n")
-    elif stream.text and not stream.text.endswith("\n"):
-        out.write("\n")
-    out.flush()
+    interrupted = interrupted or guard.requested
+    tail = stream.finish() if interrupted else ""
+    return stream, interrupted, tail
+
+
+def run_single(session: Any, text: str, settings: Settings, *, mode: str, streaming: bool, stats: bool) -> None:
+    """Generate one reply and print it as `mode` says ("text", "json" or "jsonl")."""
+    out = sys.stdout
+
+    def stream_text(chunk: Any) -> None:
+        if chunk.text:
+            out.write(chunk.text)
+            out.flush()
+
+    def stream_steps(chunk: Any) -> None:
+        write_json_line(out, step_record(chunk))
+
+    on_chunk = {"jsonl": stream_steps, "text": stream_text if streaming else None}.get(mode)
+    with InterruptGuard() as guard:
+        stream, interrupted, tail = generate(session, text, settings, guard, on_chunk)
+    if mode == "json":
+        write_json_line(out, result_record(session, stream))
+    elif mode == "jsonl":
+        write_json_line(out, {"type": "result", **result_record(session, stream)})
+    else:
+        out.write(tail if streaming else stream.text)
+        if stream.text and not stream.text.endswith("\n"):
+            out.write("\n")
+        out.flush()
     if stats:
         print_stats(session, stream)
     if interrupted:
         raise KeyboardInterrupt
 
 
-def read_prompt(words: tuple[str, ...]) -> str:
-    """Arguments, then stdin appended (when piped); `-` alone means stdin only."""
-    parts = [w for w in words if w != "-"]
-    text = " ".join(parts)
-    stdin = click.get_text_stream("stdin")
-    wants_stdin = "-" in words
-    if wants_stdin or not _is_interactive(stdin):
-        piped = stdin.read()
-        if piped.strip():
-            text = f"{text}\n{piped}" if text else piped
-    if not text.strip():
-        raise PardecUsageError("empty prompt: pass it as arguments or pipe it on stdin", hint="pardec gen \"Hello\"")
-    return text
+def run_batch(session: Any, jobs: Iterator[BatchPrompt], settings: Settings, *, steps: bool, stats: bool) -> None:
+    """Generate a reply per prompt on the loaded model; one JSON line per prompt on stdout.
+
+    A prompt that fails (too long for the context, empty) gets a line with an "error"
+    field instead of a reply; the others still run, and the exit code is then 1.
+    """
+    out = sys.stdout
+    failed = done = 0
+    with InterruptGuard() as guard:
+        for job in jobs:
+            done += 1
+            on_chunk = (lambda chunk, i=job.index: write_json_line(out, step_record(chunk, index=i))) if steps else None
+            try:
+                stream, interrupted, _tail = generate(session, job.text, settings, guard, on_chunk)
+            except PardecError as exc:
+                failed += 1
+                record = {**batch_fields(job), "error": exc.message}
+                write_json_line(out, {"type": "result", **record} if steps else record)
+                continue
+            record = {**batch_fields(job), **result_record(session, stream)}
+            write_json_line(out, {"type": "result", **record} if steps else record)
+            if stats:
+                print_stats(session, stream, title=f"prompt {job.index} (id {job.id})")
+            if interrupted:
+                raise KeyboardInterrupt
+    if failed:
+        raise PardecError(f"{failed} of {done} prompts failed (their JSON lines carry an \"error\" field)")
 
 
-def _is_interactive(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
+# -- records --------------------------------------------------------------------------
 
 
 def result_record(session: Any, stream: Any) -> dict[str, Any]:
@@ -107,3 +238,111 @@ def result_record(session: Any, stream: Any) -> dict[str, Any]:
         "finish_reason": stream.finish_reason,
         "stats": stream.stats.to_dict(),
     }
+
+
+def step_record(chunk: Any, **extra: Any) -> dict[str, Any]:
+    """The `--jsonl` object for one decoding step (step 0 is the prefill)."""
+    event = chunk.event
+    return {
+        "type": "step",
+        **extra,
+        "step": event.index,
+        "text": chunk.text,
+        "tokens": list(event.tokens),
+        "drafted": event.drafted,
+        "accepted": event.accepted,
+        "propose_s": round(event.propose_s, 5),
+        "verify_s": round(event.verify_s, 5),
+        "elapsed_s": round(event.elapsed_s, 5),
+    }
+
+
+def batch_fields(job: BatchPrompt) -> dict[str, Any]:
+    """What identifies a batch result: position, id, category and the prompt as run."""
+    return {"index": job.index, "id": job.id, "category": job.category, "prompt": job.text}
+
+
+# -- prompts --------------------------------------------------------------------------
+
+
+def read_prompt(words: tuple[str, ...]) -> str:
+    """Arguments, then stdin appended (when piped); `-` alone means stdin only."""
+    parts = [w for w in words if w != "-"]
+    text = " ".join(parts)
+    stdin = sys.stdin
+    wants_stdin = "-" in words
+    if wants_stdin or not is_terminal(stdin):
+        piped = stdin.read()
+        if piped.strip():
+            text = f"{text}\n{piped}" if text else piped
+    if not text.strip():
+        raise PardecUsageError("empty prompt: pass it as arguments or pipe it on stdin", hint="pardec gen \"Hello\"")
+    return text
+
+
+def batch_prompts(prompts_file: Path | None, each_line: bool, *, prefix: str = "") -> Iterator[BatchPrompt]:
+    """The prompts of a batch run, each behind `prefix` (the argument prompt) when one is given.
+
+    A prompt file is read and checked whole before any model is loaded; stdin (`--prompts -`,
+    `--each-line`) is read line by line as generation goes, so a slow producer is served
+    as it writes.
+    """
+
+    def join(text: str) -> str:
+        return f"{prefix}\n{text}" if prefix.strip() else text
+
+    if prompts_file is not None and str(prompts_file) != "-":
+        try:
+            lines = prompts_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PardecUsageError(f"cannot read {prompts_file}: {exc}") from None
+        jobs = list(_parse_jsonl(lines, str(prompts_file), join))
+        if not jobs:
+            raise PardecUsageError(f"{prompts_file} holds no prompts")
+        return iter(jobs)
+    stdin = sys.stdin
+    if each_line:
+        return _each_line(stdin, join)
+    return _parse_jsonl(stdin, "<stdin>", join)
+
+
+def _each_line(lines: Any, join: Callable[[str], str]) -> Iterator[BatchPrompt]:
+    index = 0
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            yield BatchPrompt(index, number, join(line.rstrip("\r\n")))
+            index += 1
+
+
+def _parse_jsonl(lines: Any, source: str, join: Callable[[str], str]) -> Iterator[BatchPrompt]:
+    index = 0
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        ident, text, category = parse_prompt_line(line, f"{source}:{number}")
+        yield BatchPrompt(index, number if ident is None else ident, join(text), category)
+        index += 1
+
+
+def parse_prompt_line(line: str, where: str) -> tuple[str | int | None, str, str | None]:
+    """(id, prompt, category) from one JSONL line: Spec-Bench ({"question_id", "category",
+    "turns": [first, ...]}; the first turn is used), HumanEval ({"task_id", "prompt"}),
+    {"prompt": ..., "id": ...}, or a bare JSON string."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise PardecUsageError(f"{where}: not valid JSON ({exc.msg})") from None
+    if isinstance(record, str):
+        return None, record, None
+    if not isinstance(record, dict):
+        raise PardecUsageError(f"{where}: expected a JSON object or string")
+    turns = record.get("turns")
+    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+        text = turns[0]
+    elif isinstance(record.get("prompt"), str):
+        text = record["prompt"]
+    else:
+        raise PardecUsageError(f"{where}: expected a \"prompt\" string or a Spec-Bench \"turns\" list")
+    ident = next((record[key] for key in ("question_id", "task_id", "id") if isinstance(record.get(key), (str, int))), None)
+    category = record.get("category")
+    return ident, text, category if isinstance(category, str) else None

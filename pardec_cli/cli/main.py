@@ -24,6 +24,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("pardec_cli.cli.gen:gen", "Generate text from a prompt, streamed as tokens are accepted."),
     "bench": ("pardec_cli.cli.bench:bench", "Benchmark methods on a Spec-Bench-format prompt set."),
     "methods": ("pardec_cli.cli.methods:methods", "List decoding methods and their knobs."),
+    "pull": ("pardec_cli.cli.models:pull", "Download a model and its drafters/heads into the Hugging Face cache."),
+    "list": ("pardec_cli.cli.models:list_models", "List the models on this machine (--json for JSON)."),
+    "show": ("pardec_cli.cli.models:show", "Describe a local model: architecture, size, files, accelerators."),
+    "rm": ("pardec_cli.cli.models:rm", "Remove models pardec pulled or imported; report the space freed."),
+    "import": ("pardec_cli.cli.models:import_gguf", "Convert a GGUF file into a model in pardec's store."),
+    "completion": ("pardec_cli.cli.completion:completion", "Print the Tab-completion script for bash, zsh or fish."),
 }
 
 
@@ -74,7 +80,8 @@ def run(argv: list[str] | None = None) -> int:
     from pardec_cli.errors import PardecError
 
     try:
-        cli.main(args=argv, prog_name="pardec", standalone_mode=False)
+        # Without standalone mode Click returns ctx.exit(N)'s code instead of exiting.
+        returned = cli.main(args=argv, prog_name="pardec", standalone_mode=False)
     except click.exceptions.Abort:
         _say("pardec: interrupted")
         return EXIT_INTERRUPTED
@@ -94,7 +101,7 @@ def run(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_OK
-    return EXIT_OK
+    return returned if isinstance(returned, int) else EXIT_OK
 
 
 def _say(message: str) -> None:

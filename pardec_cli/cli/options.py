@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from pardec_cli.cli.completion import complete_model
 from pardec_cli.methods.registry import method_names
 
 F = Callable[..., Any]
@@ -37,7 +38,7 @@ def model_options(f: F) -> F:
         "a CPU with AMX or AVX512-bf16), else float32. Greedy output is bit-exact only in float32.",
     )(f)
     f = click.option(
-        "-m", "--model", "model", default=None, metavar="MODEL",
+        "-m", "--model", "model", default=None, metavar="MODEL", shell_complete=complete_model,
         help="Alias (smollm2-135m), Hub id (org/name) or local directory. Default: the embedded SmolLM2-135M-Instruct.",
     )(f)
     return f
@@ -48,7 +49,7 @@ def method_options(default: str = "pld") -> Callable[[F], F]:
 
     def decorate(f: F) -> F:
         f = click.option(
-            "--draft-model", default=None, metavar="MODEL",
+            "--draft-model", default=None, metavar="MODEL", shell_complete=complete_model,
             help="Draft model for --method draft (same tokenizer as the target).",
         )(f)
         f = click.option(

@@ -1,19 +1,38 @@
-"""Terminal output helpers: status lines and statistics, always on stderr."""
+"""Terminal output helpers: status lines and statistics on stderr, JSON lines on stdout,
+and Ctrl-C handling during generation.
+
+Nothing here draws on a stream that is not a terminal: status lines (and their ANSI
+erase codes) appear only when stderr is a TTY, so `pardec ... > out.txt 2> log.txt`
+leaves both files clean.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
-from typing import Any
+from types import FrameType
+from typing import IO, Any
 
 import click
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether `stream` is an interactive terminal (False for pipes, files, test buffers)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 @contextlib.contextmanager
 def loading_status(message: str) -> Iterator[None]:
     """Show `message...` on stderr while a slow step runs, only on a terminal; erase it after."""
-    tty = sys.stderr.isatty()
+    tty = is_terminal(sys.stderr)
     if tty:
         click.echo(f"{message}...", err=True, nl=False)
     try:
@@ -23,12 +42,40 @@ def loading_status(message: str) -> Iterator[None]:
             click.echo("\r\033[K", err=True, nl=False)
 
 
-def print_stats(session: Any, stream: Any) -> None:
-    """The `--stats` block."""
+@contextlib.contextmanager
+def reader_may_leave() -> Iterator[None]:
+    """End quietly, with exit code 0, when the reader of stdout goes away (`pardec gen | head`).
+
+    Writing to a pipe whose reader has exited raises BrokenPipeError (Python ignores
+    SIGPIPE). Left alone, Click would turn it into exit code 1; instead the generation
+    stops, stdout is pointed at /dev/null so that Python's final flush stays silent, and
+    the command exits with 0: the reader took what it wanted.
+    """
+    try:
+        yield
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        raise click.exceptions.Exit(0) from None
+
+
+def write_json_line(out: IO[str], record: dict[str, Any]) -> None:
+    """One JSON object on one line, written in one call and flushed (readers see whole lines)."""
+    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    out.flush()
+
+
+def print_stats(session: Any, stream: Any, *, title: str | None = None) -> None:
+    """The `--stats` block, on stderr."""
     s = stream.stats
     knobs = session.proposer.knobs()
     knob_text = " ".join(f"{k}={v}" for k, v in knobs.items())
-    lines = [
+    lines = [f"== {title}"] if title else []
+    lines += [
         f"method      {session.method_name} {knob_text}".rstrip(),
         f"model       {session.model_name} ({session.dtype}, {session.device})",
         f"tokens      {s.prompt_tokens} prompt, {s.generated_tokens} generated ({stream.finish_reason})",
@@ -39,3 +86,50 @@ def print_stats(session: Any, stream: Any) -> None:
     ]
     for line in lines:
         click.echo(line, err=True)
+
+
+class InterruptGuard:
+    """Ctrl-C while generating: the first press stops after the current decoding step.
+
+    Inside `generating()`, the first SIGINT only sets `requested`; the generation loop
+    checks it after every step, so what was generated so far is printed whole (a JSON
+    object is never cut in half) and the caller exits with 130. A second press, or a
+    press outside `generating()` (model loading, waiting for stdin), raises
+    KeyboardInterrupt at once, as usual. Installed only in the main thread, and never
+    over an ignored SIGINT (a background job started with `&`).
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._active = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> InterruptGuard:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is not signal.SIG_IGN:
+                self._previous = previous
+                signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        self._active = True
+        try:
+            yield
+        finally:
+            self._active = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._active and not self.requested:
+            self.requested = True
+            return
+        self.requested = True
+        raise KeyboardInterrupt

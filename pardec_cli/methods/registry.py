@@ -54,6 +54,7 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("max_ngram", int, 3, "longest n-gram to match"),
                 MethodOption("min_ngram", int, 1, "shortest n-gram to match"),
                 MethodOption("num_draft", int, 10, "tokens to copy after a match"),
+                MethodOption("prefer", str, "first", "which earlier occurrence to copy from: first or recent"),
             ),
         ),
         MethodSpec(

@@ -23,8 +23,33 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-_LIST_FIELDS = ("drafters", "medusa", "eagle")
-_KNOWN_FIELDS = {"repo", "revision", "family", "description", *_LIST_FIELDS}
+_LIST_FIELDS = ("drafters", "medusa", "eagle", "eagle3")
+_TEXT_FIELDS = ("description", "chat_template", "notes")
+_KNOWN_FIELDS = {"repo", "revision", "family", *_TEXT_FIELDS, *_LIST_FIELDS}
+
+# Accelerator kind -> the decoding method it serves.
+ACCELERATOR_METHODS: dict[str, str] = {
+    "drafter": "draft",
+    "medusa": "medusa",
+    "eagle": "eagle",
+    "eagle3": "eagle3",
+}
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Something that makes a model faster: a drafter model or a trained head.
+
+    `ref` is what the catalog names (an alias or a Hub id); `kind` is "drafter",
+    "medusa", "eagle" or "eagle3"; `method` the decoding method it serves.
+    """
+
+    kind: str
+    ref: str
+
+    @property
+    def method(self) -> str:
+        return ACCELERATOR_METHODS[self.kind]
 
 
 @dataclass(frozen=True)
@@ -32,7 +57,8 @@ class CatalogEntry:
     """One alias: the Hub repo it names, and what can draft for it.
 
     `drafters` holds aliases or Hub ids of smaller models sharing the tokenizer (best
-    first); `medusa` and `eagle` hold Hub ids of heads trained for this exact model.
+    first); `medusa`, `eagle` and `eagle3` hold Hub ids of heads trained for this exact
+    model. `chat_template` and `notes` are text for people.
     """
 
     alias: str
@@ -42,7 +68,19 @@ class CatalogEntry:
     drafters: tuple[str, ...] = ()
     medusa: tuple[str, ...] = ()
     eagle: tuple[str, ...] = ()
+    eagle3: tuple[str, ...] = ()
     description: str = ""
+    chat_template: str = ""
+    notes: str = ""
+
+    def accelerators(self) -> list[Accelerator]:
+        """Every accelerator of this model: drafters first (best first), then heads."""
+        return [
+            *(Accelerator("drafter", ref) for ref in self.drafters),
+            *(Accelerator("medusa", ref) for ref in self.medusa),
+            *(Accelerator("eagle", ref) for ref in self.eagle),
+            *(Accelerator("eagle3", ref) for ref in self.eagle3),
+        ]
 
 
 def _entry(alias: str, table: Any, source: str) -> CatalogEntry:
@@ -62,15 +100,15 @@ def _entry(alias: str, table: Any, source: str) -> CatalogEntry:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise PardecError(f"{where}: {key!r} must be a list of strings")
         lists[key] = tuple(value)
-    revision = table.get("revision")
-    if revision is not None and not isinstance(revision, str):
-        raise PardecError(f"{where}: 'revision' must be a string")
+    for key in ("revision", *_TEXT_FIELDS):
+        if table.get(key) is not None and not isinstance(table[key], str):
+            raise PardecError(f"{where}: {key!r} must be a string")
     return CatalogEntry(
         alias=alias.lower(),
         repo=table["repo"],
         family=table["family"],
-        revision=revision or None,
-        description=str(table.get("description", "")),
+        revision=table.get("revision") or None,
+        **{key: table.get(key, "") for key in _TEXT_FIELDS},
         **lists,
     )
 
@@ -114,3 +152,9 @@ def lookup_alias(name: str) -> CatalogEntry | None:
 def suggest_aliases(name: str, n: int = 3) -> list[str]:
     """Aliases that look like `name` (for "did you mean" hints), closest first."""
     return difflib.get_close_matches(name.strip().lower(), list(load_catalog()), n=n, cutoff=0.6)
+
+
+def entry_for_repo(repo: str) -> CatalogEntry | None:
+    """The catalog entry whose repo is `repo` (case-insensitive), or None."""
+    wanted = repo.strip().lower()
+    return next((e for e in load_catalog().values() if e.repo.lower() == wanted), None)

@@ -2,42 +2,43 @@
 
 `resolve_model` tries, in order:
 
-1. nothing, or the embedded alias ``smollm2-135m`` -> the embedded model ("embedded");
+1. nothing -> the embedded model ("embedded"); the embedded alias ``smollm2-135m``
+   too, unless ``pardec pull smollm2-135m`` fetched the original weights;
 2. an existing directory with a config.json -> used in place ("local");
 3. a complete model in pardec's store, ``models_dir()/<name>`` ("store");
-4. a catalog alias -> its Hub repo, then as 5.;
-5. a Hub id ``org/name`` -> the local Hugging Face cache ("hf-cache"), else a download
-   ("hub") unless offline.
+4. a model pardec pulled (by alias, name or repo), at the pulled revision ("hf-cache");
+5. a catalog alias -> its Hub repo, then as 6.;
+6. a Hub id ``org/name`` -> the local Hugging Face cache ("hf-cache"), else a pull
+   without accelerators ("hub") unless offline.
 
-Every failure is a one-line `PardecError` (usually `ModelNotFoundError`) with a hint.
-huggingface_hub is imported lazily; tests never reach the network (offline mode).
+Steps 1-4 and the cache lookups never touch the network, so pulled models resolve
+offline. Every failure is a one-line `PardecError` (usually `ModelNotFoundError`) with
+a hint. huggingface_hub is imported only to download.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
-import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pardec_cli.errors import ModelNotFoundError, PardecError
+from pardec_cli.errors import ModelNotFoundError
 from pardec_cli.home import models_dir
-from pardec_cli.store.catalog import CatalogEntry, load_catalog, lookup_alias, suggest_aliases
+from pardec_cli.store import hub, records
+from pardec_cli.store.catalog import entry_for_repo, lookup_alias, suggest_aliases
 from pardec_cli.store.embedded import EMBEDDED_ALIAS, EMBEDDED_REPO, ensure_embedded_model
 from pardec_cli.store.layout import installed_models, is_complete, read_marker
 
-# What a model needs from a Hub repo (no ONNX/GGUF/original/... duplicates).
-MODEL_PATTERNS: tuple[str, ...] = (
-    "*.safetensors", "*.json", "tokenizer*", "*.jinja", "*.model", "*.tiktoken",
-    "merges.txt", "vocab.txt",
-)  # fmt: skip
-# Fetched only when a repo has no safetensors weights (older repos, e.g. Vicuna).
-BIN_PATTERNS: tuple[str, ...] = ("pytorch_model*.bin", "model*.bin", "*.bin.index.json")
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".bin", ".pt", ".pth")
+
+__all__ = [
+    "ResolvedModel", "entry_for_repo", "env_offline", "fetch_snapshot", "hub_cache_dir",
+    "cached_snapshot", "is_usable", "looks_like_hub_id", "resolve_model", "unknown_model_error",
+]  # fmt: skip
 
 SOURCES: tuple[str, ...] = ("embedded", "store", "local", "hf-cache", "hub")
 _HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9_.-]+")
@@ -70,17 +71,13 @@ def env_offline() -> bool:
     )
 
 
-def hub_cache_dir() -> Path | None:
+def hub_cache_dir() -> Path:
     """The Hugging Face hub cache as the environment says now (HF_HUB_CACHE, HF_HOME).
 
     Read at call time, not at huggingface_hub's import time, so a changed environment
-    (tests, `--offline` wrappers) is honoured. None means huggingface_hub's default.
+    (tests, `--offline` wrappers) is honoured.
     """
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return None
+    return hub.cache_root()
 
 
 def looks_like_hub_id(spec: str) -> bool:
@@ -91,108 +88,36 @@ def looks_like_hub_id(spec: str) -> bool:
 # ------------------------------------------------------------------- Hub access
 
 
-@contextmanager
-def _quiet_hub(progress: bool) -> Iterator[None]:
-    """Hide huggingface_hub's warnings, and its progress bars unless `progress`."""
-    from huggingface_hub.utils import (
-        are_progress_bars_disabled,
-        disable_progress_bars,
-        enable_progress_bars,
-    )
-    from huggingface_hub.utils import logging as hub_logging
-
-    bars_were_disabled = are_progress_bars_disabled()
-    verbosity = hub_logging.get_verbosity()
-    if not progress:
-        disable_progress_bars()
-    hub_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hub_logging.set_verbosity(verbosity)
-        if not progress and not bars_were_disabled:
-            enable_progress_bars()
-
-
 def _has_weights(path: Path) -> bool:
     return any(p.suffix in WEIGHT_SUFFIXES for p in path.iterdir() if p.is_file())
 
 
-def _is_usable(path: Path, require_weights: bool) -> bool:
+def _shards_complete(path: Path) -> bool:
+    """Every shard that a ``*.index.json`` in `path` names is there."""
+    for index in path.glob("*.index.json"):
+        try:
+            weight_map = json.loads(index.read_text("utf-8")).get("weight_map", {})
+        except (OSError, ValueError, AttributeError):
+            return False
+        if not all((path / str(shard)).is_file() for shard in set(weight_map.values())):
+            return False
+    return True
+
+
+def is_usable(path: Path, require_weights: bool = True) -> bool:
+    """config.json and, when `require_weights`, weights with every indexed shard."""
     if not (path / "config.json").is_file():
         return False
-    return _has_weights(path) if require_weights else True
+    return _has_weights(path) and _shards_complete(path) if require_weights else True
 
 
-def _cached_snapshot(
-    repo: str, revision: str | None, patterns: Sequence[str] | None
-) -> Path | None:
+def cached_snapshot(repo: str, revision: str | None) -> Path | None:
     """The repo's snapshot folder in the local Hugging Face cache, or None."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        with _quiet_hub(progress=False):
-            folder = snapshot_download(
-                repo,
-                revision=revision,
-                cache_dir=hub_cache_dir(),
-                local_files_only=True,
-                allow_patterns=list(patterns) if patterns else None,
-            )
-    except Exception:  # not cached, partial, invalid: all mean "not usable offline"
+    commit = hub.read_ref(repo, revision or "main")
+    if commit is None:
         return None
-    return Path(str(folder))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _download(repo: str, revision: str | None, patterns: Sequence[str] | None,
-              progress: bool) -> Path:  # fmt: skip
-    """snapshot_download with huggingface_hub's errors turned into `PardecError`."""
-    from huggingface_hub import errors, snapshot_download
-
-    try:
-        with _quiet_hub(progress):
-            folder = snapshot_download(
-                repo,
-                revision=revision,
-                cache_dir=hub_cache_dir(),
-                allow_patterns=list(patterns) if patterns else None,
-            )
-    except errors.GatedRepoError:
-        raise ModelNotFoundError(
-            f"{repo} is gated on the Hugging Face Hub: it needs an accepted licence and a login",
-            hint=f"accept the terms at https://huggingface.co/{repo}, then run "
-            "`huggingface-cli login` (or set HF_TOKEN)",
-        ) from None
-    except errors.RepositoryNotFoundError:
-        raise ModelNotFoundError(
-            f"model repository {repo!r} was not found on the Hugging Face Hub",
-            hint="check the name; for a private repo run `huggingface-cli login` "
-            "(or set HF_TOKEN)",
-        ) from None
-    except errors.RevisionNotFoundError:
-        raise ModelNotFoundError(f"revision {revision!r} of {repo} does not exist") from None
-    except errors.LocalEntryNotFoundError:
-        raise ModelNotFoundError(
-            f"cannot download {repo}: the Hugging Face Hub is unreachable and it is not cached",
-            hint="check the network connection (or a proxy), or pass a local model directory",
-        ) from None
-    except errors.HfHubHTTPError as exc:
-        raise PardecError(f"downloading {repo} failed: {_first_line(exc)}") from None
-    except OSError as exc:
-        raise PardecError(f"downloading {repo} failed: {_first_line(exc)}") from None
-    except Exception as exc:  # httpx connection/timeouts and the like
-        raise PardecError(
-            f"downloading {repo} failed: {type(exc).__name__}: {_first_line(exc)}",
-            hint="check the network connection, or pass a local model directory",
-        ) from None
-    return Path(str(folder))
+    folder = hub.snapshot_dir(repo, commit)
+    return folder if folder.is_dir() else None
 
 
 def fetch_snapshot(
@@ -201,21 +126,21 @@ def fetch_snapshot(
     revision: str | None = None,
     offline: bool | None = None,
     progress: bool = False,
-    allow_patterns: Sequence[str] | None = MODEL_PATTERNS,
     require_weights: bool = True,
 ) -> tuple[Path, str]:
     """A Hub repo's files on disk, from the local cache or downloaded.
 
-    Returns ``(folder, source)`` with source "hf-cache" or "hub". `allow_patterns`
-    limits what is fetched (None: everything, e.g. for Medusa/EAGLE heads). A model
-    snapshot must hold config.json and, when `require_weights`, weight files; repos
-    without safetensors get their ``*.bin`` weights. Offline and not cached raises
-    `ModelNotFoundError`.
+    Returns ``(folder, source)`` with source "hf-cache" or "hub". A model snapshot must
+    hold config.json and, when `require_weights`, complete weights. A download fetches
+    only what a model needs (see `pull.select_files`), file by file, with a progress bar
+    per file when `progress`. Offline and not cached raises `ModelNotFoundError`.
     """
+    from pardec_cli.store.pull import fetch_repo
+
     if offline is None:
         offline = env_offline()
-    cached = _cached_snapshot(repo, revision, allow_patterns)
-    if cached is not None and _is_usable(cached, require_weights):
+    cached = cached_snapshot(repo, revision)
+    if cached is not None and is_usable(cached, require_weights):
         return cached, "hf-cache"
     if offline:
         raise ModelNotFoundError(
@@ -223,23 +148,16 @@ def fetch_snapshot(
             hint="run once online (unset HF_HUB_OFFLINE) to download it, "
             "or pass a local model directory",
         )
-    folder = _download(repo, revision, allow_patterns, progress)
-    if require_weights and allow_patterns is not None and not _has_weights(folder):
-        folder = _download(repo, revision, (*allow_patterns, *BIN_PATTERNS), progress)
-    if not _is_usable(folder, require_weights):
-        raise ModelNotFoundError(
-            f"{repo} does not look like a transformers model (no config.json or no weights)"
-        )
-    return folder, "hub"
+    say = _say if progress else (lambda _msg: None)
+    fetched = fetch_repo(repo, revision, progress=progress and sys.stderr.isatty(), say=say)
+    return fetched.path, "hub"
+
+
+def _say(message: str) -> None:
+    print(f"pardec: {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------- resolve
-
-
-def entry_for_repo(repo: str) -> CatalogEntry | None:
-    """The catalog entry whose repo is `repo` (case-insensitive), or None."""
-    wanted = repo.lower()
-    return next((e for e in load_catalog().values() if e.repo.lower() == wanted), None)
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -281,9 +199,28 @@ def _from_store(name: str) -> ResolvedModel | None:
     return ResolvedModel(name=name, path=path, source="store", repo=repo or None)
 
 
-def _unknown(spec: str) -> ModelNotFoundError:
+def _from_pulls(spec: str) -> ResolvedModel | None:
+    """A model pardec pulled, named by its name, alias or repo; its files all present.
+
+    Accelerators pulled with another model count too (a drafter named by its alias).
+    """
+    all_records = records.all_records()
+    for record in all_records:
+        if record.matches(spec) and record.target.present():
+            return ResolvedModel(record.name, record.target.snapshot, "hf-cache", record.target.repo)
+    wanted = spec.strip().lower()
+    for record in all_records:
+        for acc in record.accelerators:
+            if acc.kind == "drafter" and wanted in {acc.name.lower(), acc.repo.lower()} and acc.present():
+                return ResolvedModel(acc.name, acc.snapshot, "hf-cache", acc.repo)
+    return None
+
+
+def unknown_model_error(spec: str) -> ModelNotFoundError:
+    """"unknown model" with close aliases, pulled and store names as suggestions."""
+    known = [*installed_models(), *(r.name for r in records.all_records())]
     close = suggest_aliases(spec)
-    close += [n for n in difflib.get_close_matches(spec, installed_models(), n=2) if n not in close]
+    close += [n for n in difflib.get_close_matches(spec, known, n=2) if n not in close]
     if Path(spec).expanduser().is_dir():
         return ModelNotFoundError(
             f"{spec} is a directory but has no config.json (not a transformers model)"
@@ -298,30 +235,60 @@ def _unknown(spec: str) -> ModelNotFoundError:
     return ModelNotFoundError(f"unknown model {spec!r}", hint=hint)
 
 
+_unknown = unknown_model_error
+
+
+def _download(spec: str, progress: bool) -> ResolvedModel:
+    """Pull a model named by alias or Hub id (no accelerators) and record the pull."""
+    from pardec_cli.store.pull import pull_model
+
+    say = _say if progress else (lambda _msg: None)
+    result = pull_model(spec, no_drafters=True, progress=progress and sys.stderr.isatty(), say=say)
+    record = result.record
+    return ResolvedModel(record.name, record.target.snapshot, "hub", record.target.repo)
+
+
 def resolve_model(
     spec: str | None, *, offline: bool | None = None, progress: bool = False
 ) -> ResolvedModel:
     """Find (and if needed fetch) the model named by `spec`; see the module docstring.
 
     `offline` None means: as the environment says (HF_HUB_OFFLINE). `progress` lets
-    downloads and the embedded conversion report on stderr.
+    downloads and the embedded conversion report on stderr. The model's last use is
+    recorded (for `pardec list`).
     """
+    resolved = _resolve(spec, offline=offline, progress=progress)
+    records.touch(resolved.name, resolved.repo or "")
+    return resolved
+
+
+def _resolve(spec: str | None, *, offline: bool | None, progress: bool) -> ResolvedModel:
     if offline is None:
         offline = env_offline()
     spec = (spec or "").strip()
+    if spec.lower() == EMBEDDED_ALIAS:
+        pulled = _from_pulls(spec)
+        if pulled is not None:
+            return pulled
     if not spec or spec.lower() == EMBEDDED_ALIAS:
         path = ensure_embedded_model(progress, offline=offline)
         return ResolvedModel(EMBEDDED_ALIAS, path, "embedded", EMBEDDED_REPO)
-    found = _local(spec) or _from_store(spec)
+    found = _local(spec) or _from_store(spec) or _from_pulls(spec)
     if found is not None:
         return found
     entry = lookup_alias(spec)
-    if entry is not None:
-        path, source = fetch_snapshot(
-            entry.repo, revision=entry.revision, offline=offline, progress=progress
+    repo = entry.repo if entry is not None else spec if looks_like_hub_id(spec) else None
+    if repo is None:
+        raise unknown_model_error(spec)
+    revision = entry.revision if entry is not None else None
+    name = entry.alias if entry is not None else spec
+    cached = cached_snapshot(repo, revision)
+    if cached is not None and is_usable(cached, require_weights=True):
+        return ResolvedModel(name, cached, "hf-cache", repo)
+    if offline:
+        raise ModelNotFoundError(
+            f"{name} is not available offline (it is not in the Hugging Face cache)",
+            hint=f"run `pardec pull {name}` online (without HF_HUB_OFFLINE=1 / --offline), "
+            "or pass a local model directory",
         )
-        return ResolvedModel(entry.alias, path, source, entry.repo)
-    if looks_like_hub_id(spec):
-        path, source = fetch_snapshot(spec, offline=offline, progress=progress)
-        return ResolvedModel(spec, path, source, spec)
-    raise _unknown(spec)
+    return _download(spec, progress)

@@ -1,0 +1,294 @@
+"""`pardec pull`, `list`, `show`, `rm` and `import`: the models on this machine.
+
+Thin: parse, call `pardec_cli.store`, print. Results go to stdout, progress and
+diagnostics to stderr (progress bars only when stderr is a terminal). The store modules
+are imported inside the commands, so `pardec --help` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _stderr_is_terminal() -> bool:
+    return _is_terminal(sys.stderr)
+
+
+def _stdin_is_terminal() -> bool:
+    return _is_terminal(sys.stdin)
+
+
+def _complete_model(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """Tab completion of MODEL: the names `pardec gen -m` completes."""
+    from pardec_cli.cli.completion import complete_model
+
+    return complete_model(ctx, param, incomplete)
+
+
+def _say(message: str) -> None:
+    click.echo(f"pardec: {message}", err=True)
+
+
+def _size(n: int | None) -> str:
+    from pardec_cli.store.pull import human_size
+
+    return "-" if n is None else human_size(n)
+
+
+def _ago(stamp: str | None) -> str:
+    """'3 min ago' from a timestamp written by `records.now()`."""
+    if not stamp:
+        return "never"
+    try:
+        seconds = time.time() - time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return stamp
+    for unit, length in (("day", 86400), ("hour", 3600), ("min", 60)):
+        if seconds >= length:
+            count = int(seconds // length)
+            plural = "s" if count > 1 and unit != "min" else ""
+            return f"{count} {unit}{plural} ago"
+    return "just now"
+
+
+def _offline(flag: bool | None) -> bool:
+    from pardec_cli.store.resolve import env_offline
+
+    return env_offline() if flag is None else flag
+
+
+# ----------------------------------------------------------------------- pull
+
+
+@click.command()
+@click.argument("model", shell_complete=_complete_model)
+@click.option("--no-drafters", is_flag=True, help="Only the model: no drafters, Medusa or EAGLE heads.")
+@click.option("--drafter", "drafters", multiple=True, metavar="NAME",
+              help="Pull only this accelerator (alias or Hub id; repeatable) instead of all the catalog lists.")
+@click.option("--revision", default=None, metavar="REV", help="Branch, tag or commit of the model (default: the catalog's, else main).")
+@click.option("--offline", is_flag=True, default=None, help="Never contact the Hub: only check and record what is already cached (also HF_HUB_OFFLINE=1).")
+def pull(model: str, no_drafters: bool, drafters: tuple[str, ...], revision: str | None, offline: bool | None) -> None:
+    """Download MODEL and its accelerators into the Hugging Face cache.
+
+    MODEL is a catalog alias (`pardec list`, `pardec show ALIAS`) or any Hub id org/name.
+    Only the files a model needs are fetched; a second pull downloads nothing, and an
+    interrupted pull resumes with the files it had finished. Each drafter's tokenizer
+    is checked against the model's: a mismatch is an error that names the difference.
+
+    \b
+    Examples:
+      pardec pull smollm2-1.7b                    the model and its two drafters
+      pardec pull qwen2.5-7b --drafter qwen2.5-0.5b
+      pardec pull HuggingFaceTB/SmolLM2-360M-Instruct --no-drafters
+    """
+    from pardec_cli.errors import PardecError
+    from pardec_cli.store.pull import pull_model
+
+    start = time.perf_counter()
+    result = pull_model(
+        model, revision=revision, no_drafters=no_drafters, drafters=drafters,
+        offline=_offline(offline), progress=_stderr_is_terminal(), say=_say,
+    )  # fmt: skip
+    record = result.record
+    target = record.target
+    on_disk = target.size + sum(a.size for a in record.accelerators)
+    got = f"downloaded {_size(result.downloaded_bytes)}" if result.downloaded_bytes else "nothing to download"
+    click.echo(f"{record.name}: {got} in {time.perf_counter() - start:.1f} s; "
+               f"{_size(on_disk)} on disk with accelerators ({target.repo} {target.revision} @ {target.commit[:8]})")  # fmt: skip
+    for acc in record.accelerators:
+        detail = f": {acc.detail}" if acc.detail else ""
+        click.echo(f"  {acc.kind:<8} {acc.name or acc.repo}  {acc.status}{detail}")
+    if result.removed_bytes:
+        click.echo(f"  removed the previous revision ({_size(result.removed_bytes)})")
+    if result.problems:
+        more = f" (and {len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
+        raise PardecError(
+            result.problems[0] + more,
+            hint="the model itself was pulled; choose accelerators with --drafter NAME, "
+            "or skip them with --no-drafters",
+        )
+
+
+# ----------------------------------------------------------------------- list
+
+
+@click.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
+def list_models(as_json: bool) -> None:
+    """List the models on this machine: pulled, imported and embedded.
+
+    Columns: the name to pass to -m, its catalog alias, where it came from, its size on
+    disk, its accelerators (with their compatibility) and when it was last used.
+    """
+    from pardec_cli.store.inventory import list_models as inventory
+
+    models = inventory()
+    if as_json:
+        click.echo(json.dumps([m.to_dict() for m in models], indent=2))
+        return
+    if not models:
+        _say("no models yet: `pardec pull ALIAS` downloads one (`pardec show ALIAS` describes it)")
+        return
+    rows = [("NAME", "ALIAS", "SOURCE", "SIZE", "ACCELERATORS", "LAST USED")]
+    for m in models:
+        accs = ", ".join(
+            f"{a['name']} ({a['method']}{'' if a['status'] == 'compatible' else ', ' + a['status']})"
+            for a in m.accelerators
+        )
+        source = m.source if m.complete else f"{m.source} (files missing)"
+        rows.append((m.name, m.alias or "-", source, _size(m.size), accs or "-", _ago(m.last_used)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+
+
+# ----------------------------------------------------------------------- show
+
+
+@click.command()
+@click.argument("model", shell_complete=_complete_model)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def show(model: str, as_json: bool) -> None:
+    """Describe a local MODEL: architecture, size, files, accelerators, path."""
+    from pardec_cli.store.inventory import show_model
+
+    info = show_model(model)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    config = info["config"]
+    params = config["parameters"]
+    params_text = "-" if params is None else ("" if config["parameters_exact"] else "~") + _params(params)
+    where = info["repo"] or ""
+    if info.get("revision"):
+        where += f" {info['revision']} @ {(info.get('commit') or '')[:8]}"
+    lines = [
+        ("name", info["name"] + (f" (alias {info['alias']})" if info["alias"] and info["alias"] != info["name"] else "")),
+        ("source", f"{info['source']}" + (f", {where}" if where else "")),
+        ("path", info["path"]),
+        ("architecture", f"{config['architecture'] or '-'} ({config['model_type'] or '?'})"),
+        ("parameters", params_text),
+        ("layers", str(config["layers"] or "-")),
+        ("hidden size", str(config["hidden_size"] or "-")),
+        ("context", f"{config['context_length']} tokens" if config["context_length"] else "-"),
+        ("vocabulary", str(config["vocab_size"] or "-")),
+        ("dtype", str(config["dtype"] or "-")),
+        ("chat template", "yes" if config["chat_template"] else "no (prompts are sent raw)"),
+        ("size", f"{_size(info['size_bytes'])} in {len(info['files'])} files"),
+        ("last used", _ago(info["last_used"])),
+    ]
+    if info.get("chat_template_notes"):
+        lines.append(("chat format", info["chat_template_notes"]))
+    if info.get("notes"):
+        lines.append(("notes", info["notes"]))
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        click.echo(f"{key.ljust(width)}  {value}")
+    click.echo("files")
+    for file in info["files"]:
+        click.echo(f"  {file['name']}  {_size(file['size_bytes'])}")
+    click.echo("accelerators" + ("" if info["accelerators"] else "  none known"))
+    for acc in info["accelerators"]:
+        detail = f" ({acc['detail']})" if acc.get("detail") else ""
+        click.echo(f"  {acc['name']}  --method {acc['method']}  {acc['status']}{detail}")
+
+
+def _params(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return str(n)
+
+
+# ------------------------------------------------------------------------- rm
+
+
+@click.command()
+@click.argument("models", nargs=-1, required=True, metavar="MODEL...", shell_complete=_complete_model)
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--hf-cache", is_flag=True,
+              help="Also delete the model's whole Hugging Face cache folder, including files pardec did not download.")
+def rm(models: tuple[str, ...], yes: bool, hf_cache: bool) -> None:
+    """Remove MODEL... from this machine; report the space freed.
+
+    Removes only what pardec pulled for a model (its files and accelerators, except
+    those another pulled model still uses) or imported into its store. Asks first on a
+    terminal; -y skips the question.
+    """
+    from pardec_cli.errors import PardecError
+    from pardec_cli.store.inventory import plan_removal
+
+    plans = [p for spec in models for p in plan_removal(spec, hf_cache=hf_cache)]
+    for plan in plans:
+        click.echo(f"{plan.description}: {_size(plan.size)}", err=True)
+        for kept in plan.kept:
+            click.echo(f"  keeping {kept}", err=True)
+    if not yes and _stdin_is_terminal():
+        if not click.confirm("Remove?", default=False, err=True):
+            raise PardecError("nothing removed: not confirmed", hint="answer y, or pass -y")
+    total = 0
+    for plan in plans:
+        freed = plan.run()
+        total += freed
+        click.echo(f"removed {plan.name} (freed {_size(freed)})")
+    if len(plans) > 1:
+        click.echo(f"freed {_size(total)} in total")
+
+
+# --------------------------------------------------------------------- import
+
+
+def default_import_name(path: Path) -> str:
+    """A store name from a GGUF file name: lower case, other characters as '-'."""
+    stem = path.name[: -len(".gguf")] if path.name.lower().endswith(".gguf") else path.stem
+    name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")
+    return name or "imported"
+
+
+@click.command(name="import")
+@click.argument("file", type=click.Path(path_type=Path), metavar="FILE.gguf")
+@click.option("--name", default=None, help="Name in pardec's store (default: from the file name).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="Dtype the dequantized weights are saved in (float32 keeps greedy output bit-exact).")
+@click.option("--force", is_flag=True, help="Replace a model of the same name.")
+@click.option("--source-repo", default=None, metavar="ORG/NAME", help="Hub id the GGUF was made from (recorded).")
+def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_repo: str | None) -> None:
+    """Convert a GGUF file (llama.cpp) into a model in pardec's store.
+
+    transformers dequantizes the weights (Q4/Q5/Q8 and K-quants); the model is saved as
+    safetensors with its tokenizer and chat template, then runs with -m NAME.
+    """
+    from pardec_cli.errors import PardecError
+    from pardec_cli.home import models_dir
+    from pardec_cli.store.gguf_import import _check_gguf_path, gguf_architecture
+    from pardec_cli.store.gguf_import import import_gguf as convert
+    from pardec_cli.store.inventory import _dir_size
+    from pardec_cli.store.layout import check_model_name, is_complete
+
+    _check_gguf_path(file.expanduser())
+    architecture = gguf_architecture(file.expanduser())
+    name = check_model_name(name or default_import_name(file))
+    if is_complete(models_dir() / name) and not force:
+        raise PardecError(
+            f"a model named {name!r} already exists in {models_dir()}",
+            hint="choose another --name, or pass --force to replace it",
+        )
+    _say(f"converting {file.name} ({architecture}) into {name} ({dtype}); big models take minutes")
+    start = time.perf_counter()
+    path = convert(file, name, overwrite=force, source_repo=source_repo, dtype=dtype)
+    click.echo(f"imported {name} in {time.perf_counter() - start:.1f} s: "
+               f"{_size(_dir_size(path))} at {path}; run it with -m {name}")  # fmt: skip

@@ -1,0 +1,330 @@
+"""The one seam between pardec and the Hugging Face Hub, plus the cache's on-disk layout.
+
+Everything pardec asks the Hub goes through `HubClient` (two calls: list a repo's files
+at a revision, download one file into the cache). huggingface_hub does the work, so the
+standard cache is used (``HF_HUB_CACHE`` / ``HF_HOME`` honoured, no private copy),
+downloads go to a temporary file that is renamed into place only when complete, and a
+dropped connection resumes with an HTTP range request. `get_client` returns the client
+in use; tests replace it, or point ``HF_ENDPOINT`` at a local server.
+
+Hub failures become one-line `PardecError`s (`hub_error`). huggingface_hub, httpx and
+tqdm are imported lazily, inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pardec_cli.errors import ModelNotFoundError, PardecError
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+LOGIN_HINT = "`hf auth login` (or set HF_TOKEN)"
+
+
+# ------------------------------------------------------------- cache layout
+
+
+def endpoint() -> str:
+    """The Hub's address: ``HF_ENDPOINT`` (read now, not at import) or huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def cache_root() -> Path:
+    """The Hugging Face hub cache, as huggingface_hub computes it, from the environment now.
+
+    ``HF_HUB_CACHE``, else the legacy ``HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub``,
+    else ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``.
+    """
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.path.expandvars(os.environ[var])).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "huggingface" / "hub"
+
+
+def repo_dir(repo: str, cache: Path | None = None) -> Path:
+    """``<cache>/models--org--name``: where one model repo lives in the cache."""
+    return (cache or cache_root()) / ("models--" + repo.replace("/", "--"))
+
+
+def snapshot_dir(repo: str, commit: str, cache: Path | None = None) -> Path:
+    return repo_dir(repo, cache) / "snapshots" / commit
+
+
+def read_ref(repo: str, revision: str, cache: Path | None = None) -> str | None:
+    """The commit a branch or tag points to in the cache (a commit is returned as is)."""
+    if COMMIT_RE.fullmatch(revision):
+        return revision
+    try:
+        text = (repo_dir(repo, cache) / "refs" / revision).read_text("utf-8").strip()
+    except OSError:
+        return None
+    return text if text and "/" not in text and "\\" not in text and text not in (".", "..") else None
+
+
+def write_ref(repo: str, revision: str, commit: str, cache: Path | None = None) -> None:
+    """Point ``refs/<revision>`` at `commit` (atomically), as huggingface_hub does."""
+    if COMMIT_RE.fullmatch(revision):
+        return
+    ref = repo_dir(repo, cache) / "refs" / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+    tmp.write_text(commit, "utf-8")
+    os.replace(tmp, ref)
+
+
+def _blob_of(link: Path) -> Path | None:
+    """The blob a snapshot symlink points to (None for a plain file)."""
+    if not link.is_symlink():
+        return None
+    return (link.parent / os.readlink(link)).resolve()
+
+
+def remove_snapshot_files(repo: str, commit: str, names: list[str] | tuple[str, ...],
+                          cache: Path | None = None) -> int:  # fmt: skip
+    """Remove files from one snapshot of the cache, safely; return the bytes freed.
+
+    config.json goes first (so a half-removed snapshot is never taken for a model),
+    each snapshot link before its blob, and a blob only when no other snapshot links
+    to it. Emptied folders go too: the snapshot and the refs naming it, and the whole
+    repo folder once it has no snapshot left. Bytes are counted for blobs (and plain
+    files) actually deleted.
+    """
+    root = repo_dir(repo, cache)
+    snap = root / "snapshots" / commit
+    if not snap.is_dir():
+        return 0
+    doomed = {snap / name for name in names}
+    in_use = {
+        blob
+        for link in (root / "snapshots").rglob("*")
+        if link not in doomed and (blob := _blob_of(link)) is not None
+    }
+    freed = 0
+    for path in sorted(doomed, key=lambda p: (p.name != "config.json", str(p))):
+        blob = _blob_of(path)
+        if blob is None and path.is_file():
+            freed += path.stat().st_size
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        if blob is not None and blob not in in_use and blob.is_file():
+            freed += blob.stat().st_size
+            blob.unlink()
+    for folder in sorted((p for p in snap.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    if not any(snap.iterdir()):
+        snap.rmdir()
+        refs = root / "refs"
+        for ref in refs.rglob("*") if refs.is_dir() else ():
+            if ref.is_file() and ref.read_text("utf-8").strip() == commit:
+                ref.unlink()
+    if not any((root / "snapshots").iterdir()):
+        for blob in (root / "blobs").glob("*") if (root / "blobs").is_dir() else ():
+            if blob.is_file() and not blob.name.endswith(".incomplete"):
+                freed += blob.stat().st_size
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root.parent / ".locks" / root.name, ignore_errors=True)
+    return freed
+
+
+def remove_repo(repo: str, cache: Path | None = None) -> int:
+    """Remove a repo's whole cache folder (every revision); return the bytes freed.
+
+    The folder is first renamed to a hidden sibling, so no one sees it half-removed.
+    """
+    root = repo_dir(repo, cache)
+    if not root.is_dir():
+        return 0
+    # Blobs, plus snapshot files that are copies rather than links (no symlink support).
+    freed = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    trash = Path(tempfile.mkdtemp(prefix=".pardec-rm-", dir=root.parent))
+    os.replace(root, trash / root.name)
+    shutil.rmtree(trash, ignore_errors=True)
+    shutil.rmtree(root.parent / ".locks" / root.name, ignore_errors=True)
+    return freed
+
+
+def free_bytes(path: Path) -> int:
+    """Free space on the disk that holds `path` (or its nearest existing parent)."""
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return 1 << 62  # cannot tell: do not block the download
+
+
+# ------------------------------------------------------------------- client
+
+
+@dataclass(frozen=True)
+class RepoListing:
+    """A repo's files at one commit: ``files`` maps each path to its size (None: unknown)."""
+
+    repo: str
+    revision: str
+    commit: str
+    files: dict[str, int | None] = field(default_factory=dict)
+
+
+def _bar_class(label: str, show: bool) -> type:
+    """A tqdm class for one file's download bar (or a silent one when not `show`)."""
+    from tqdm import tqdm
+
+    class FileBar(tqdm):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.pop("name", None)
+            kwargs["desc"] = label
+            kwargs["file"] = sys.stderr
+            kwargs["disable"] = not show
+            size = shutil.get_terminal_size()  # 80x24 when a terminal reports none (0x0)
+            kwargs.setdefault("ncols", size.columns)
+            kwargs.setdefault("nrows", size.lines)
+            super().__init__(*args, **kwargs)
+
+    return FileBar
+
+
+@contextmanager
+def quiet_hub() -> Iterator[None]:
+    """Hide huggingface_hub's own progress bars, log lines and warnings meanwhile."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+    from huggingface_hub.utils import logging as hub_logging
+
+    bars_were_disabled = are_progress_bars_disabled()
+    verbosity = hub_logging.get_verbosity()
+    disable_progress_bars()
+    hub_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hub_logging.set_verbosity(verbosity)
+        if not bars_were_disabled:
+            enable_progress_bars()
+
+
+class HubClient:
+    """What pardec asks the Hub, through huggingface_hub."""
+
+    def listing(self, repo: str, revision: str | None) -> RepoListing:
+        """The files (with sizes) of `repo` at `revision` (None: the main branch)."""
+        from huggingface_hub import HfApi
+
+        with quiet_hub():
+            info = HfApi(endpoint=endpoint()).model_info(
+                repo, revision=revision, files_metadata=True
+            )
+        files = {s.rfilename: s.size for s in (info.siblings or [])}
+        if not info.sha:
+            raise PardecError(f"the Hub did not say which commit {repo} is at")
+        return RepoListing(repo, revision or "main", info.sha, files)
+
+    def download(self, repo: str, filename: str, commit: str, *, progress: bool) -> Path:
+        """One file of `repo` at `commit` into the cache; returns its snapshot path.
+
+        Returns at once when the file is already in the snapshot. `progress` draws a bar
+        (name, size, speed) on stderr.
+        """
+        from huggingface_hub import hf_hub_download
+
+        with quiet_hub():
+            path = hf_hub_download(
+                repo,
+                filename,
+                revision=commit,
+                cache_dir=str(cache_root()),
+                endpoint=endpoint(),
+                tqdm_class=_bar_class(filename, progress),
+            )
+        return Path(str(path))
+
+
+_client: HubClient = HubClient()
+
+
+def get_client() -> HubClient:
+    """The client in use (tests may replace ``hub._client``)."""
+    return _client
+
+
+# ------------------------------------------------------------------- errors
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def hub_error(exc: Exception, repo: str, revision: str | None = None) -> PardecError:
+    """A one-line `PardecError` for a failure of a Hub call about `repo`."""
+    from huggingface_hub import errors
+
+    if isinstance(exc, PardecError):
+        return exc
+    if isinstance(exc, errors.GatedRepoError):
+        return ModelNotFoundError(
+            f"{repo} is gated on the Hugging Face Hub: it needs an accepted licence and a login",
+            hint=f"accept the terms at {endpoint()}/{repo}, then run {LOGIN_HINT}",
+        )
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return ModelNotFoundError(f"revision {revision!r} of {repo} does not exist on the Hub")
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return ModelNotFoundError(
+            f"model repository {repo!r} was not found on the Hugging Face Hub",
+            hint=f"check the name; for a private repo run {LOGIN_HINT}",
+        )
+    if isinstance(exc, errors.OfflineModeIsEnabled):
+        return ModelNotFoundError(
+            f"cannot download {repo}: Hugging Face offline mode is on",
+            hint="unset HF_HUB_OFFLINE to download it",
+        )
+    if isinstance(exc, errors.LocalEntryNotFoundError):
+        return ModelNotFoundError(
+            f"cannot download {repo}: the Hugging Face Hub is unreachable and it is not cached",
+            hint="check the network connection (or a proxy), or pass a local model directory",
+        )
+    if isinstance(exc, errors.HfHubHTTPError):
+        return PardecError(f"downloading {repo} failed: {_first_line(exc)}")
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return PardecError(
+            f"the disk is full: downloading {repo} to {cache_root()} failed",
+            hint="free some space, or point HF_HUB_CACHE at a bigger disk",
+        )
+    if isinstance(exc, OSError) and not type(exc).__module__.startswith(("httpx", "httpcore")):
+        return PardecError(f"downloading {repo} failed: {_first_line(exc)}")
+    return PardecError(  # httpx connection errors, timeouts and the like
+        f"downloading {repo} failed: {type(exc).__name__}: {_first_line(exc)}",
+        hint=f"check the network connection to {endpoint()}, or pass a local model directory",
+    )
+
+
+def call(fn: Callable[[], Any], repo: str, revision: str | None = None) -> Any:
+    """Run one Hub call; any failure but Ctrl-C becomes a one-line `PardecError`."""
+    try:
+        return fn()
+    except PardecError:
+        raise
+    except Exception as exc:
+        raise hub_error(exc, repo, revision) from None

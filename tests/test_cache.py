@@ -1,0 +1,98 @@
+"""KV cache rollback: dropping rejected draft positions leaves exactly the kept prefix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pardec_cli.engine.cache import cache_length, check_rollback_supported, new_cache, rollback_to
+from pardec_cli.errors import CacheRollbackError
+from tests.tiny_models import tiny_llama
+
+
+def forward(model, ids, cache):
+    with torch.no_grad():
+        return model(torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0]
+
+
+def test_rollback_then_continue_equals_never_having_drafted():
+    model = tiny_llama(seed=3)
+    prefix, rejected, follow = [5, 9, 11, 4], [7, 7, 8], [12, 30]
+
+    cache = new_cache(model.config)
+    forward(model, prefix + rejected, cache)
+    assert cache_length(cache) == 7
+    rollback_to(cache, len(prefix))
+    assert cache_length(cache) == 4
+    after_rollback = forward(model, follow, cache)
+
+    clean = new_cache(model.config)
+    forward(model, prefix, clean)
+    reference = forward(model, follow, clean)
+    torch.testing.assert_close(after_rollback, reference, rtol=0, atol=0)
+    for layer_a, layer_b in zip(cache.layers, clean.layers):
+        torch.testing.assert_close(layer_a.keys, layer_b.keys, rtol=0, atol=0)
+
+
+def test_rollback_to_current_length_is_a_no_op():
+    model = tiny_llama()
+    cache = new_cache(model.config)
+    forward(model, [1, 2, 3], cache)
+    rollback_to(cache, 3)
+    assert cache_length(cache) == 3
+
+
+def test_rolling_forward_is_an_error():
+    model = tiny_llama()
+    cache = new_cache(model.config)
+    forward(model, [1, 2], cache)
+    with pytest.raises(ValueError, match="forward"):
+        rollback_to(cache, 5)
+
+
+def test_dynamic_cache_is_accepted():
+    check_rollback_supported(new_cache(tiny_llama().config))
+
+
+class NoCrop:
+    pass
+
+
+class SlidingWindow:
+    is_croppable = False
+
+    def crop(self, n):  # pragma: no cover - must never be called
+        raise AssertionError
+
+
+@pytest.mark.parametrize("cache", [NoCrop(), SlidingWindow()])
+def test_caches_that_cannot_roll_back_fail_loudly_before_decoding(cache):
+    with pytest.raises(CacheRollbackError) as info:
+        check_rollback_supported(cache)
+    assert "cannot be rolled back" in info.value.message
+    assert "vanilla" in info.value.hint
+
+
+def test_decode_checks_rollback_before_the_first_step():
+    """A speculative method on a cache without rollback fails before generating anything."""
+    from transformers import DynamicCache
+
+    from pardec_cli.engine.loop import decode
+    from pardec_cli.engine.model import LanguageModel
+    from pardec_cli.methods import registry
+    from pardec_cli.methods.base import MethodEnv
+
+    class SlidingWindowCache(DynamicCache):
+        is_croppable = False
+
+    class SlidingWindowModel(LanguageModel):
+        def new_cache(self):
+            return SlidingWindowCache(config=self.config)
+
+    target = SlidingWindowModel(tiny_llama())
+    proposer = registry.create("pld", {}, MethodEnv(target, None, None))
+    with pytest.raises(CacheRollbackError):
+        next(iter(decode(target, proposer, [1, 2, 3], max_new_tokens=4)))
+    # Plain decoding never rolls back, so it still runs on such a cache.
+    vanilla = registry.create("vanilla", {}, MethodEnv(target, None, None))
+    assert len(list(decode(target, vanilla, [1, 2, 3], max_new_tokens=4))) == 4
