@@ -98,9 +98,25 @@ def limit_per_category(prompts: Iterable[BenchPrompt], limit: int | None) -> lis
 _METHOD_ITEM = re.compile(r"\s*([A-Za-z0-9_+\-]+)\s*(?:\[([^\]]*)\])?\s*(?:,|$)")
 
 
+def split_knobs(text: str) -> list[str]:
+    """'layer_list=0-9,20-29,k=4' -> ['layer_list=0-9,20-29', 'k=4'].
+
+    A comma starts a new knob only when the next piece is itself NAME=VALUE, so list
+    values (layer lists) keep their commas.
+    """
+    knobs: list[str] = []
+    for piece in text.split(","):
+        if "=" in piece or not knobs:
+            knobs.append(piece)
+        else:
+            knobs[-1] += "," + piece
+    return [k for k in knobs if k.strip()]
+
+
 def parse_methods(text: str) -> list[MethodChoice]:
     """'vanilla,pld,layerskip[layers=8,k=4]' -> choices; labels keep the knobs for the tables."""
     from pardec_cli.methods.options import parse_assignments
+    from pardec_cli.methods.registry import get_spec
 
     choices: list[MethodChoice] = []
     pos = 0
@@ -110,7 +126,8 @@ def parse_methods(text: str) -> list[MethodChoice]:
         if not match or match.end() == pos:
             raise PardecUsageError(f"cannot read the method list at {text[pos:]!r} (form: a,b[key=value,...],c)")
         name, knobs = match.group(1), match.group(2)
-        options = parse_assignments([p for p in knobs.split(",") if p.strip()]) if knobs else {}
+        get_spec(name)  # unknown names fail here, before any model is loaded
+        options = parse_assignments(split_knobs(knobs)) if knobs else {}
         label = f"{name}[{knobs}]" if knobs else name
         choices.append(MethodChoice(label, name, options))
         pos = match.end()
@@ -188,7 +205,10 @@ class Bench:
             if token in self.session.eos_token_ids:
                 new = new[: i + 1]
                 break
-        return Run(label, prompt.prompt_id, prompt.category, len(new), seconds, max(len(new) - 1, 0), 0, 0, new)
+        # Greedy generate() takes one step per token after the first; its prompt lookup does
+        # not report its steps (0: shown as unknown).
+        steps = max(len(new) - 1, 0) if label == HF_GREEDY else 0
+        return Run(label, prompt.prompt_id, prompt.category, len(new), seconds, steps, 0, 0, new)
 
 
 @dataclass
@@ -201,7 +221,7 @@ class Summary:
     tokens_per_s: float
     speedup_vs_vanilla: float | None
     speedup_vs_hf: float | None
-    mean_tokens_per_step: float
+    mean_tokens_per_step: float | None  # None: the method does not report its steps
     acceptance_rate: float
     match_rate: float | None
 
@@ -230,7 +250,7 @@ def summarize(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str,
             cells[label] = Summary(
                 prompts=len(mine), new_tokens=tokens, seconds=round(seconds, 4), tokens_per_s=round(rates[label], 3),
                 speedup_vs_vanilla=None, speedup_vs_hf=None,
-                mean_tokens_per_step=round((tokens - len(mine)) / steps, 3) if steps else 1.0,
+                mean_tokens_per_step=round((tokens - len(mine)) / steps, 3) if steps else None,
                 acceptance_rate=round(sum(r.accepted for r in mine) / drafted, 4) if drafted else 0.0,
                 match_rate=round(sum(matched) / len(matched), 4) if matched else None,
             )
@@ -259,9 +279,10 @@ def format_tables(table: dict[str, dict[str, Summary]]) -> str:
             def ratio(x: float | None) -> str:
                 return f"{x:.2f}x" if x is not None else "-"
             match = f"{c.match_rate:.0%}" if c.match_rate is not None else "-"
+            per_step = f"{c.mean_tokens_per_step:.2f}" if c.mean_tokens_per_step is not None else "-"
             lines.append(
                 f"{label:<24} {c.tokens_per_s:>7.2f} {ratio(c.speedup_vs_vanilla):>10} {ratio(c.speedup_vs_hf):>7} "
-                f"{c.mean_tokens_per_step:>8.2f} {c.acceptance_rate:>7.0%} {match:>6}"
+                f"{per_step:>8} {c.acceptance_rate:>7.0%} {match:>6}"
             )
         lines.append("")
     return "\n".join(lines)

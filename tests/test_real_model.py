@@ -27,7 +27,7 @@ METHODS = [
     ("pld", {}),
     ("pld", {"max_ngram": 1, "num_draft": 4}),
     ("layerskip", {"layers": 10}),
-    ("layerskip", {"layer_list": "0-5,20,29", "adaptive": False, "k": 6}),
+    ("layerskip", {"layer_list": "0-9,20-29", "adaptive": False, "k": 3}),
     ("draft", {"model": "bf16-copy"}),
 ]
 

@@ -10,6 +10,7 @@ import torch
 
 from pardec_cli.engine import verify as verify_module
 from pardec_cli.engine.loop import decode
+from pardec_cli.engine.proposal import Draft
 from pardec_cli.engine.sampling import SamplingParams, logits_to_probs
 from pardec_cli.engine.verify import verify_sampling
 from pardec_cli.errors import PardecUsageError
@@ -38,25 +39,26 @@ def test_bad_sampling_settings_are_usage_errors(bad):
         SamplingParams(**bad)
 
 
-def _wrong_rule(draft_tokens, draft_probs, target_probs, generator):
-    """A classic bug: on rejection, resample from p instead of the residual max(0, p - q)."""
-    k = draft_tokens.shape[0]
+def _wrong_rule(draft, target_probs, generator):
+    """A classic bug: on rejection, resample from p instead of the residual max(0, p - q). (Chains only.)"""
+    k, draft_probs = len(draft.tokens), draft.probs
     for i in range(k):
         p, q = target_probs[i], draft_probs[i] if draft_probs is not None else None
-        token = int(draft_tokens[i])
+        token = draft.tokens[i]
         q_token = float(q[token]) if q is not None else 1.0
         if float(torch.rand(1, generator=generator)) >= min(1.0, float(p[token]) / q_token):
             resampled = int(torch.multinomial(p, 1, generator=generator))
-            return verify_module.Verdict(i, (*draft_tokens[:i].tolist(), resampled))
-    return verify_module.Verdict(k, (*draft_tokens.tolist(), int(torch.multinomial(target_probs[k], 1, generator=generator))))
+            return verify_module.Verdict(i, (*draft.tokens[:i], resampled), tuple(range(i)))
+    last = int(torch.multinomial(target_probs[k], 1, generator=generator))
+    return verify_module.Verdict(k, (*draft.tokens, last), tuple(range(k)))
 
 
 def _draw_one_token(rule, p, q, n, seed=0):
     generator = torch.Generator().manual_seed(seed)
     counts = Counter()
     for _ in range(n):
-        draft = torch.multinomial(q, 1, generator=generator)  # the drafter samples d ~ q
-        verdict = rule(draft, q.unsqueeze(0), torch.stack([p, p]), generator)
+        token = int(torch.multinomial(q, 1, generator=generator))  # the drafter samples d ~ q
+        verdict = rule(Draft((token,), q.unsqueeze(0)), torch.stack([p, p]), generator)
         counts[verdict.tokens[0]] += 1
     return counts
 
@@ -80,7 +82,7 @@ def test_a_deterministic_draft_is_handled_exactly():
     generator = torch.Generator().manual_seed(1)
     counts = Counter()
     for _ in range(20000):
-        verdict = verify_sampling(torch.tensor([3]), None, torch.stack([P, P]), generator)
+        verdict = verify_sampling(Draft((3,)), torch.stack([P, P]), generator)
         counts[verdict.tokens[0]] += 1
     assert chi_square_p_value(counts, dict(enumerate(P.tolist()))) > 0.001
 
@@ -127,6 +129,9 @@ def models():
     ("draft", {"model": "drafter", "k": 2, "adaptive": False}),
     ("layerskip", {"layers": 1, "k": 2, "adaptive": False}),
     ("pld", {"min_ngram": 1, "max_ngram": 1}),
+    # Trees: several candidates per node, so the multi-candidate rule runs end to end.
+    ("recycling", {"topk": 3, "nodes": 6, "depth": 2}),
+    ("lookahead+pld", {"window": 2, "ngram": 3, "guesses": 2, "pld.branches": 2}),
 ])
 def test_generations_follow_the_target_distribution(models, method, options):
     target, drafter, exact = models
@@ -140,6 +145,17 @@ def test_end_to_end_test_catches_a_wrong_rule(models, monkeypatch):
     monkeypatch.setattr(loop, "verify_sampling", _wrong_rule)
     target, drafter, exact = models
     counts = _sample_joint("draft", {"model": "drafter", "k": 2, "adaptive": False}, target, drafter, 2000)
+    assert chi_square_p_value(counts, exact) < 1e-4
+
+
+def test_end_to_end_test_catches_a_wrong_tree_rule(models, monkeypatch):
+    """Trying the next sibling against the unchanged p (no residual) skews a tree method's output."""
+    from pardec_cli.engine import loop
+    from tests.test_tree import _rule_without_residual
+
+    monkeypatch.setattr(loop, "verify_sampling", _rule_without_residual)
+    target, drafter, exact = models
+    counts = _sample_joint("recycling", {"topk": 3, "nodes": 6, "depth": 2}, target, drafter, 2000)
     assert chi_square_p_value(counts, exact) < 1e-4
 
 

@@ -35,7 +35,7 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     \b
     Example:
       pardec bench --prompts ../shared/bench/spec_bench_dev.jsonl --limit-per-category 5 \\
-          --methods vanilla,pld,layerskip[layers=8] --baseline-hf --dtype bfloat16
+          --methods 'vanilla,pld,layerskip[layer_list=0-9,20-29]' --baseline-hf --dtype bfloat16
     """
     from pardec_cli.bench import Bench, format_tables, limit_per_category as limit, load_prompts, parse_methods, report_json, summarize
     from pardec_cli.session import Session

@@ -73,7 +73,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     \b
     Examples:
       pardec gen "What is speculative decoding?"
-      pardec gen --method layerskip -O layers=8 --stats "Explain the KV cache"
+      pardec gen --method layerskip -O layer_list=0-9,20-29 --stats "Explain the KV cache"
       pardec gen --method draft --draft-model smollm2-135m -m smollm2-1.7b "Hi"
       pardec gen --temp 0.7 --seed 1 --stop "\\n\\n" "Write a limerick"
       pardec gen --json "Hi" | jq -r .stats.tokens_per_s

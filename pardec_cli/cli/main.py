@@ -61,7 +61,7 @@ def cli() -> None:
     \b
     Examples:
       pardec gen "Write a haiku about GPUs"          embedded SmolLM2-135M, prompt lookup
-      pardec gen --method layerskip -O layers=8 "Explain KV caches"
+      pardec gen --method layerskip -O layers=16 "Explain KV caches"
       cat notes.md | pardec gen "Summarise:"         stdin is appended to the prompt
       pardec bench --prompts spec_bench.jsonl --methods vanilla,pld --baseline-hf
 
@@ -101,6 +101,13 @@ def run(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_OK
+    except SystemExit as exc:
+        # Click turns a closed pipe (EPIPE) into sys.exit(1) after wrapping the streams;
+        # the reader leaving early (`pardec list | head -1`) is not a failure.
+        if type(sys.stdout).__name__ == "_PacifyFlushWrapper":
+            _silence_stdout()
+            return EXIT_OK
+        raise
     return returned if isinstance(returned, int) else EXIT_OK
 
 

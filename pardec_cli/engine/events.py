@@ -20,9 +20,10 @@ class StepEvent:
     """One decoding step.
 
     Step 0 is the prefill, which emits the first token and drafts nothing. Every later
-    step verifies `drafted` proposed tokens in one target forward, keeps `accepted` of
-    them and emits them plus one token chosen by the target (so `len(tokens)` is
-    `accepted + 1`, fewer only when EOS or the token limit cut the step short).
+    step verifies `drafted` proposed tokens (the nodes of a tree, all its branches
+    counted) in one target forward, keeps `accepted` of them (one path) and emits them
+    plus one token chosen by the target (so `len(tokens)` is `accepted + 1`, fewer only
+    when EOS or the token limit cut the step short).
     """
 
     index: int
@@ -82,7 +83,11 @@ class GenerationStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Share of drafted tokens that the target accepted (0 when nothing was drafted)."""
+        """Share of drafted tokens that the target accepted (0 when nothing was drafted).
+
+        A tree keeps one path of its branches, so its share is low by design; compare
+        trees by `mean_tokens_per_step`.
+        """
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     def to_dict(self) -> dict[str, float | int]:

@@ -2,12 +2,16 @@
 
     prefill(prompt) -> first token                      (step 0)
     repeat:
-        draft   = proposer.propose(context)             k guessed tokens
-        logits  = target([last, *draft])                ONE forward, k+1 rows
-        verdict = verify(draft, logits)                 kept prefix + target's next token
-        cache  -> drop the rejected positions           rollback
+        draft   = proposer.propose(context)             k guessed tokens: a chain or a tree
+        logits  = target([last, *draft], tree mask)     ONE forward, k+1 rows
+        verdict = verify(draft, logits)                 kept path + target's next token
+        cache  -> keep the root and the kept path       rollback / tree compaction
         proposer.update(...)                            adapt
         yield StepEvent                                 stream
+
+A chain is the one-branch tree: it runs without a custom mask (the model's own causal
+mask is the tree mask of a chain) and its kept path is a prefix, so compaction is a
+crop. Everything else is the same code for chains and trees.
 
 Invariant: the cache holds every context token except the last one, which is fed as
 the first input of the next step. So a step that keeps `a` drafted tokens leaves
@@ -21,12 +25,12 @@ from time import perf_counter
 
 import torch
 
-from pardec_cli.engine.cache import check_rollback_supported, rollback_to
+from pardec_cli.engine.cache import check_rollback_supported, keep_path
 from pardec_cli.engine.events import FINISH_EOS, FINISH_LENGTH, StepEvent
 from pardec_cli.engine.model import LanguageModel
-from pardec_cli.engine.proposal import Proposer, StartContext
+from pardec_cli.engine.proposal import Draft, Outcome, Proposer, StartContext
 from pardec_cli.engine.sampling import SamplingParams, logits_to_probs, make_generator, sample_from
-from pardec_cli.engine.verify import Verdict, verify_greedy, verify_sampling
+from pardec_cli.engine.verify import LazyRows, Verdict, verify_greedy, verify_sampling
 from pardec_cli.errors import ContextOverflowError, PardecUsageError
 
 
@@ -58,6 +62,7 @@ def decode(
         max_new_tokens = min(max_new_tokens, limit - len(prompt_ids))
     eos = frozenset(eos_token_ids)
     generator = make_generator(sampling, target.device)
+    top_k = min(int(getattr(proposer, "feedback_top_k", 0) or 0), target.vocab_size)
 
     def choose(logits_row: torch.Tensor) -> int:
         if sampling.greedy:
@@ -85,13 +90,16 @@ def decode(
             # Drafting past the token limit is wasted work: the extra tokens could never be emitted.
             draft = proposer.propose(context, max_new_tokens - produced - 1)
             t1 = perf_counter()
-            draft_tokens = torch.tensor(draft.tokens, dtype=torch.long, device=target.device)  # [k]
-            logits = target.forward([context[-1], *draft.tokens], cache)  # [k+1, V]
-            verdict = _verify(draft_tokens, draft.probs, logits, sampling, generator)
-            rollback_to(cache, len(context) + verdict.accepted)
+            # The root (context[-1]) goes at cache position len(context) - 1, its nodes after it.
+            logits = target.forward([context[-1], *draft.tokens], cache, parents=draft.parents)  # [k+1, V]
+            verdict = _verify(draft, logits, sampling, generator)
+            keep_path(cache, len(context), verdict.path)
+            top_tokens = torch.topk(logits, top_k, dim=-1).indices if top_k else None  # [k+1, top_k]
+            inputs = (context[-1], *draft.tokens) if top_k else ()
+            outcome = Outcome(verdict.accepted, verdict.path, top_tokens, inputs, top_tokens)
             tokens = verdict.tokens
             context.extend(tokens)
-            proposer.update(context, draft, verdict.accepted)
+            proposer.update(context, draft, outcome)
             tokens, finish = _truncate(tokens, produced, max_new_tokens, eos)
             produced += len(tokens)
             t2 = perf_counter()
@@ -100,16 +108,13 @@ def decode(
         del cache
 
 
-def _verify(
-    draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    logits: torch.Tensor,
-    sampling: SamplingParams,
-    generator: torch.Generator | None,
-) -> Verdict:
+def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> Verdict:
     if sampling.greedy:
-        return verify_greedy(draft_tokens, logits)
-    return verify_sampling(draft_tokens, draft_probs, logits_to_probs(logits, sampling), generator)
+        return verify_greedy(draft, logits)
+    # A chain's rows are all on its one path: process them in one batch. A tree's walk
+    # visits a few of its rows: process those only.
+    rows = logits_to_probs(logits, sampling) if draft.is_chain else LazyRows(logits, lambda row: logits_to_probs(row, sampling))
+    return verify_sampling(draft, rows, generator)
 
 
 def _finish_reason(tokens: Sequence[int], produced: int, limit: int, eos: frozenset[int]) -> str | None:

@@ -12,7 +12,12 @@ from typing import Any
 
 import torch
 
-from pardec_cli.engine.cache import new_cache
+from pardec_cli.engine.cache import cache_length, new_cache
+from pardec_cli.engine.tree import tree_attention
+from pardec_cli.errors import PardecUsageError
+
+# Attention implementations that apply a 4-D additive float mask as given.
+TREE_ATTENTION = ("sdpa", "eager")
 
 
 class LanguageModel:
@@ -21,7 +26,9 @@ class LanguageModel:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.config = model.config
-        self.device = next(model.parameters()).device
+        first = next(model.parameters())
+        self.device = first.device
+        self.dtype = first.dtype
 
     @property
     def vocab_size(self) -> int:
@@ -41,17 +48,39 @@ class LanguageModel:
         """token ids -> LongTensor [1, n] on the model's device."""
         return torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
 
-    def forward(self, token_ids: Sequence[int], cache: Any, *, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        cache: Any,
+        *,
+        last_only: bool = False,
+        parents: Sequence[int] | None = None,
+    ) -> torch.Tensor:
         """Run the model over `token_ids` appended after what `cache` holds.
 
         Returns logits [n, V] for each new position (row i predicts the token after
         token_ids[i]), or [1, V] for the last position only when `last_only` (prefill:
         saves the n x V LM-head product). The cache grows by n positions.
+
+        With `parents` (one per token after the first; see `engine.tree`), the tokens are
+        a tree under token_ids[0]: each attends to the cache and its own ancestors only,
+        at position cache length + depth, through a 4-D mask and explicit position ids.
         """
+        extra: dict[str, Any] = {}
+        if parents is not None:
+            attention = getattr(self.config, "_attn_implementation", None) or "eager"
+            if attention not in TREE_ATTENTION:
+                raise PardecUsageError(
+                    f"tree drafts need an attention that takes a 4-D mask; the model uses {attention!r}",
+                    hint="use a method that drafts chains (pld, draft, layerskip), or load the model with sdpa attention",
+                )
+            mask, positions = tree_attention(parents, cache_length(cache), dtype=self.dtype, device=self.device)
+            extra = {"attention_mask": mask, "position_ids": positions}
         out = self.model(
             input_ids=self.as_input(token_ids),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
+            **extra,
         )
         return out.logits[0]

@@ -19,22 +19,70 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Draft:
-    """A proposed continuation of the context (a chain of k tokens).
+    """A proposed continuation of the context: a chain of k tokens, or a tree of k nodes.
+
+    `parents` is None for a chain (token i follows token i-1). For a tree, node i holds
+    `tokens[i]` and hangs under `parents[i]`: -1 for the last context token (the root) or
+    an earlier node (parents[i] < i). Siblings are tried in node order; deterministic
+    siblings should hold distinct tokens (a repeat is wasted work).
+    `pardec_cli.engine.tree.TreeBuilder` builds such trees, merging shared prefixes.
 
     `probs` is the proposer's own distribution for each drafted token, [k, V] float32,
-    when it sampled them from one (a draft model under sampling): speculative sampling
-    then accepts token i with min(1, p/q). None means the tokens were chosen
-    deterministically (a point mass q), which the verification rule handles exactly too.
+    when it sampled them from one (a draft model under sampling; siblings drawn
+    independently): speculative sampling then accepts token i with min(1, p/q). None
+    means the tokens were chosen deterministically (a point mass q), which the
+    verification rule handles exactly too.
     """
 
     tokens: tuple[int, ...] = ()
     probs: torch.Tensor | None = None
+    parents: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None
+
+    @classmethod
+    def tree(cls, tokens: Sequence[int], parents: Sequence[int]) -> Draft:
+        """A draft from (token, parent) lists; a tree that is a chain becomes a plain chain."""
+        tokens, parents = tuple(int(t) for t in tokens), tuple(int(p) for p in parents)
+        if len(tokens) != len(parents):
+            raise ValueError(f"{len(tokens)} tokens but {len(parents)} parents")
+        for i, parent in enumerate(parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"node {i} has parent {parent}: parents must be -1 or an earlier node")
+        if all(parent == i - 1 for i, parent in enumerate(parents)):
+            return cls(tokens)
+        return cls(tokens, parents=parents)
+
 
 EMPTY_DRAFT = Draft()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the target made of a draft, for the proposer to learn from.
+
+    accepted: how many drafted tokens were kept; path: their node indices, root first
+    (a chain keeps (0, ..., accepted-1)).
+
+    For proposers that set `feedback_top_k` (else these are None / empty):
+    top_tokens: [k+1, top_k] long, the target's most likely next tokens, best first,
+    after the root (row 0) and after each node of this draft (row i+1), kept or not:
+    Jacobi and lookahead iterate on them. step_inputs / step_top_tokens: every input of
+    the step's forward (root first) and its row of top tokens; the same as the draft's
+    unless the draft was one part of a combination, whose other parts' nodes the target
+    scored too: token recycling learns from all of them.
+    """
+
+    accepted: int
+    path: tuple[int, ...] = ()
+    top_tokens: torch.Tensor | None = None
+    step_inputs: tuple[int, ...] = ()
+    step_top_tokens: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -55,15 +103,20 @@ class Proposer(Protocol):
     #: False only for methods that never draft (vanilla): they run on caches that
     #: cannot be rolled back.
     needs_rollback: bool
+    # Optional attribute `feedback_top_k: int`: how many of the target's top next tokens
+    # per verified position the proposer wants in its Outcome (absent or 0: none, and
+    # nothing is computed).
 
     def start(self, ctx: StartContext) -> None:
         """Reset per-generation state. Called before the prefill."""
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
-        """Guess up to `max_tokens` tokens that follow `context` (prompt + output so far)."""
+        """Guess what follows `context` (prompt + output so far): a chain of at most
+        `max_tokens` tokens, or a tree whose paths are at most that long (deeper nodes
+        are wasted work: they can never be emitted)."""
 
-    def update(self, context: Sequence[int], draft: Draft, accepted: int) -> None:
-        """Learn that the first `accepted` tokens of `draft` were kept.
+    def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
+        """Learn which nodes of `draft` were kept (`outcome.path`).
 
         `context` is the new context, already extended with the accepted tokens and the
         target's own next token.

@@ -1,78 +1,135 @@
-"""Verification rules: which drafted tokens the target keeps, and its own next token.
+"""Verification rules: which drafted nodes the target keeps, and its own next token.
 
-Both rules take the target's output for the positions [last, d_1, ..., d_k]: row i is
-the target's prediction for the token after d_i (row 0: after the last context token).
+Both rules take the target's output for the inputs [root, node 0, ..., node k-1]: row 0
+predicts the token after the last context token (the root), row i+1 the token after
+node i. A chain is the tree where node i hangs under node i-1, so one walk serves both:
+start at the root; among the children of the current node, keep one (or none) by the
+rule below; move to it and repeat; the target's own token after the last kept node is
+the bonus.
 
-- Greedy: keep the longest prefix where d_{i+1} == argmax(row i); the bonus token is the
-  argmax after the last kept token. Output equals plain greedy decoding exactly.
-- Sampling (Leviathan et al. / Chen et al. 2023): keep d_i with probability
-  min(1, p_i(d_i) / q_i(d_i)); at the first rejection sample from the normalised residual
-  max(0, p_i - q_i); if all k survive sample the bonus from p_k. The emitted tokens are
-  distributed exactly as sampling from the target one token at a time.
+- Greedy: keep the child whose token is the argmax of the current row (siblings hold
+  distinct tokens, so at most one matches). Output equals plain greedy decoding exactly.
+- Sampling (Leviathan et al. / Chen et al. 2023 for one child; SpecInfer's multi-candidate
+  rule, Miao et al. 2024, for several): p is the target's distribution at the current row.
+  Try the children in order: keep child c with probability min(1, p(c) / q_c(c)); after a
+  rejection replace p by norm(max(0, p - q_c)). q_c is the distribution c was drawn from,
+  or a point mass on c for deterministic drafts (then the residual is p with c removed).
+  If every child is rejected (or there are none), the bonus is sampled from the current
+  p. The emitted tokens are distributed exactly as sampling from the target one token at
+  a time, whatever the tree.
+
+Each node gets one uniform number, drawn up front for the whole draft; a chain of k
+tokens consumes the generator exactly like the classic chain rule.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
+from pardec_cli.engine.proposal import Draft
 from pardec_cli.engine.sampling import sample_from
+from pardec_cli.engine.tree import children_by_row
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """accepted: how many drafted tokens were kept; tokens: those plus the target's next token."""
+    """accepted: how many drafted tokens were kept; tokens: those plus the target's next token;
+    path: the kept nodes' indices in the draft, root first."""
 
     accepted: int
     tokens: tuple[int, ...]
+    path: tuple[int, ...] = ()
 
 
-def verify_greedy(draft_tokens: torch.Tensor, logits: torch.Tensor) -> Verdict:
-    """draft_tokens: [k] long; logits: [k+1, V]."""
-    predicted = logits.argmax(dim=-1)  # [k+1]
-    k = draft_tokens.shape[0]
-    if k == 0:
-        return Verdict(0, (int(predicted[0]),))
-    matches = (draft_tokens == predicted[:k]).int()  # [k]
-    accepted = int(matches.cumprod(dim=0).sum())
-    kept = predicted[: accepted + 1].tolist()  # equal to the draft where accepted
-    return Verdict(accepted, tuple(kept))
+class Rows(Protocol):
+    """Target distributions by input row: a [k+1, V] tensor, or `LazyRows`."""
+
+    def __getitem__(self, row: int) -> torch.Tensor: ...
 
 
-def verify_sampling(
-    draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
-    generator: torch.Generator | None,
-) -> Verdict:
-    """Exact speculative sampling for a chain.
+class LazyRows:
+    """Processed target distributions computed only for the rows a walk visits.
 
-    draft_tokens: [k] long; draft_probs: [k, V] (q) or None for a deterministic draft
-    (q is then a point mass on d_i); target_probs: [k+1, V] (p), already processed by
-    temperature/top-k/top-p.
+    A tree of 64 nodes has 65 rows but a walk reads a handful; top-p sorts each row over
+    the whole vocabulary, so computing all of them would cost more than the walk.
     """
-    k = draft_tokens.shape[0]
+
+    def __init__(self, logits: torch.Tensor, process: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self._logits, self._process = logits, process
+        self._done: dict[int, torch.Tensor] = {}
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        probs = self._done.get(row)
+        if probs is None:
+            probs = self._done[row] = self._process(self._logits[row])
+        return probs
+
+
+def verify_greedy(draft: Draft, logits: torch.Tensor) -> Verdict:
+    """logits: [k+1, V] for the inputs [root, *draft.tokens].
+
+    The argmax is taken only for the rows the walk visits (the kept path and the bonus
+    row): over a 49k vocabulary it costs ~0.1-0.2 ms per row on a CPU, which a tree of
+    32 nodes would otherwise pay for every node.
+    """
+    tokens = draft.tokens
+    children = children_by_row(draft.parents, len(tokens))
+    path: list[int] = []
+    row = 0
+    while True:
+        want = int(logits[row].argmax())
+        for child in children[row]:
+            if tokens[child] == want:
+                path.append(child)
+                row = child + 1
+                break
+        else:
+            return Verdict(len(path), (*(tokens[i] for i in path), want), tuple(path))
+
+
+def verify_sampling(draft: Draft, target_probs: Rows, generator: torch.Generator | None) -> Verdict:
+    """Exact speculative sampling over a chain or a tree.
+
+    target_probs: the processed target distribution (temperature/top-k/top-p) per input
+    row, [k+1, V] float32 or `LazyRows`. draft.probs: [k, V] (q of each node) or None for
+    a deterministic draft.
+    """
+    tokens, q_all = draft.tokens, draft.probs
+    k = len(tokens)
     if k == 0:
         return Verdict(0, (sample_from(target_probs[0], generator),))
-    rows = torch.arange(k, device=target_probs.device)
-    p_draft = target_probs[rows, draft_tokens]  # [k]: p_i(d_i)
-    q_draft = draft_probs[rows, draft_tokens] if draft_probs is not None else torch.ones_like(p_draft)
-    accept_prob = torch.clamp(p_draft / q_draft, max=1.0)
-    uniforms = torch.rand(k, generator=generator, device=target_probs.device)
-    rejected = (uniforms >= accept_prob).nonzero()
-    accepted = int(rejected[0, 0]) if rejected.numel() else k
-    kept = draft_tokens[:accepted].tolist()
-    if accepted == k:
-        return Verdict(k, (*kept, sample_from(target_probs[k], generator)))
-    # Residual distribution at the rejected position: norm(max(0, p - q)).
-    p = target_probs[accepted]
-    if draft_probs is not None:
-        residual = torch.clamp(p - draft_probs[accepted], min=0.0)
-    else:
-        residual = p.clone()
-        residual[draft_tokens[accepted]] = 0.0
-    total = residual.sum()
-    # total == 0 only if p == q (then rejection had probability 0): guard against rounding.
-    fallback = sample_from(p, generator) if float(total) <= 0.0 else sample_from(residual / total, generator)
-    return Verdict(accepted, (*kept, fallback))
+    children = children_by_row(draft.parents, k)
+    uniforms = torch.rand(k, generator=generator).tolist()  # one per node, drawn up front
+    path: list[int] = []
+    row = 0
+    p = target_probs[0]
+    private = False  # whether p is a residual this function may edit in place
+    while True:
+        kept = None
+        for child in children[row]:
+            token = tokens[child]
+            q = q_all[child] if q_all is not None else None
+            q_token = float(q[token]) if q is not None else 1.0
+            if uniforms[child] < min(1.0, float(p[token]) / q_token):
+                kept = child
+                break
+            # Rejected: p <- norm(max(0, p - q)); q is a point mass on `token` when deterministic.
+            if q is not None:
+                residual = torch.clamp(p - q, min=0.0)
+            else:
+                residual = p if private else p.clone()
+                residual[token] = 0.0
+            total = float(residual.sum())
+            if total <= 0.0:
+                break  # only when p == q, so rejection had probability 0: guard against rounding
+            p, private = residual / total, True
+        if kept is None:
+            break  # every child rejected, or a leaf: the bonus comes from the current p
+        path.append(kept)
+        row = kept + 1
+        p, private = target_probs[row], False
+    return Verdict(len(path), (*(tokens[i] for i in path), sample_from(p, generator)), tuple(path))

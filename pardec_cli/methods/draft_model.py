@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods.base import AdaptiveLength, MethodEnv
 from pardec_cli.methods.drafter import ModelDrafter
@@ -51,8 +51,8 @@ class DraftModel:
         k = min(self.length.k, max_tokens)
         return self.drafter.draft(context, k) if k > 0 else EMPTY_DRAFT
 
-    def update(self, context: Sequence[int], draft: Draft, accepted: int) -> None:
-        self.length.update(len(draft), accepted)
+    def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
+        self.length.update(len(draft), outcome.accepted)
 
     def knobs(self) -> dict[str, Any]:
         return {

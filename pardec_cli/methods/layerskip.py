@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from pardec_cli.engine.model import LanguageModel
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods.base import AdaptiveLength, MethodEnv
 from pardec_cli.methods.drafter import ModelDrafter
@@ -45,6 +45,19 @@ def parse_layer_list(text: str, num_layers: int) -> list[int]:
     if ordered[-1] >= num_layers:
         raise PardecUsageError(f"layer_list names layer {ordered[-1]} but the model has {num_layers} (0-{num_layers - 1})")
     return ordered
+
+
+def skip_middle_third(num_layers: int) -> list[int]:
+    """The default draft: the first and the last third of the layers (Draft & Verify style).
+
+    Models not trained for early exit predict poorly from their first layers alone: on
+    SmolLM2-135M (30 layers, bf16, 5 prompts) drafting with layers 0-9 accepted 1.04
+    tokens per step, 0-19 gave 1.14, and 0-9 plus 20-29 gave 1.26.
+    """
+    third = max(1, num_layers // 3)
+    if num_layers < 3:
+        return [0]
+    return [*range(third), *range(num_layers - third, num_layers)]
 
 
 def shallow_view(model: Any, layers: list[int]) -> Any:
@@ -90,11 +103,12 @@ class LayerSkip:
         total = int(env.target.config.num_hidden_layers)
         if layer_list:
             chosen = parse_layer_list(layer_list, total)
+        elif layers:
+            if not 1 <= layers < total:
+                raise PardecUsageError(f"layerskip layers must be between 1 and {total - 1}, got {layers}")
+            chosen = list(range(layers))
         else:
-            count = layers or max(1, total // 4)
-            if not 1 <= count < total:
-                raise PardecUsageError(f"layerskip layers must be between 1 and {total - 1}, got {count}")
-            chosen = list(range(count))
+            chosen = skip_middle_third(total)
         self.layers = chosen
         self.length = AdaptiveLength(k, min_k, max_k, adaptive)
         view = LanguageModel(shallow_view(env.target.model, chosen))
@@ -112,8 +126,8 @@ class LayerSkip:
         k = min(self.length.k, max_tokens)
         return self.drafter.draft(context, k) if k > 0 else EMPTY_DRAFT
 
-    def update(self, context: Sequence[int], draft: Draft, accepted: int) -> None:
-        self.length.update(len(draft), accepted)
+    def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
+        self.length.update(len(draft), outcome.accepted)
 
     def knobs(self) -> dict[str, Any]:
         layers = self.layers

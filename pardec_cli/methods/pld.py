@@ -9,6 +9,10 @@ new tokens, tokens per step): code_edit 3.69 first vs 3.28 most recent, Spec-Ben
 vs 1.70. The first occurrence is usually in the prompt, in the text being rewritten or
 quoted, which is what the reply goes on copying; the most recent one is often the reply's
 own last use of a common n-gram. `prefer=recent` keeps the other rule.
+
+With `branches` > 1 the draft is a tree: the continuations of up to that many distinct
+earlier occurrences (the preferred ones of the longest n-gram first, then of shorter
+n-grams), merged where they share a prefix, all verified in the one forward.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
+from pardec_cli.engine.tree import TreeBuilder
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods.base import MethodEnv
 
@@ -59,13 +64,60 @@ class NgramIndex:
         return []
 
 
+class MultiNgramIndex:
+    """For each n-gram (min_n <= n <= max_n), where its first and its latest `keep` occurrences ended.
+
+    Like `NgramIndex`, only n-grams followed by at least one token are indexed.
+    """
+
+    def __init__(self, min_n: int, max_n: int, keep: int, prefer: str = PREFER_FIRST) -> None:
+        self.min_n, self.max_n, self.keep, self.prefer = min_n, max_n, keep, prefer
+        self.tokens: list[int] = []
+        self._first: dict[tuple[int, ...], list[int]] = {}  # the first `keep` ends, oldest first
+        self._latest: dict[tuple[int, ...], list[int]] = {}  # the latest `keep` ends, oldest first
+        self._indexed_until = 0
+
+    def extend_to(self, context: Sequence[int]) -> None:
+        self.tokens.extend(context[len(self.tokens) :])
+        for end in range(max(self._indexed_until, 1), len(self.tokens)):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                key = tuple(self.tokens[end - n : end])
+                first = self._first.setdefault(key, [])
+                if len(first) < self.keep:
+                    first.append(end)
+                latest = self._latest.setdefault(key, [])
+                latest.append(end)
+                if len(latest) > self.keep:
+                    del latest[0]
+        self._indexed_until = max(self._indexed_until, len(self.tokens))
+
+    def continuations(self, length: int, count: int) -> list[list[int]]:
+        """Up to `count` distinct continuations: longest n-gram first; within one, the
+        preferred occurrences first (the first ones, or the latest ones), then the others."""
+        size = len(self.tokens)
+        found: list[list[int]] = []
+        for n in range(min(self.max_n, size), self.min_n - 1, -1):
+            key = tuple(self.tokens[size - n :])
+            first, latest = self._first.get(key, []), self._latest.get(key, [])[::-1]
+            for end in (first + latest) if self.prefer == PREFER_FIRST else (latest + first):
+                continuation = self.tokens[end : end + length]
+                if continuation not in found:
+                    found.append(continuation)
+                    if len(found) == count:
+                        return found
+        return found
+
+
 class PromptLookup:
     """Chain drafts copied from the context; no model, no extra memory beyond an index."""
 
     name = "pld"
     needs_rollback = True
 
-    def __init__(self, env: MethodEnv, *, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = PREFER_FIRST) -> None:
+    def __init__(
+        self, env: MethodEnv, *, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = PREFER_FIRST,
+        branches: int = 1,
+    ) -> None:
         del env
         if not 1 <= min_ngram <= max_ngram:
             raise PardecUsageError(f"pld needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
@@ -73,19 +125,34 @@ class PromptLookup:
             raise PardecUsageError(f"pld needs num_draft >= 1, got {num_draft}")
         if prefer not in (PREFER_FIRST, PREFER_RECENT):
             raise PardecUsageError(f"pld prefer must be {PREFER_FIRST!r} or {PREFER_RECENT!r}, got {prefer!r}")
+        if branches < 1:
+            raise PardecUsageError(f"pld needs branches >= 1, got {branches}")
         self.max_ngram, self.min_ngram, self.num_draft, self.prefer = max_ngram, min_ngram, num_draft, prefer
-        self.index = NgramIndex(min_ngram, max_ngram, prefer)
+        self.branches = branches
+        self.index = self._new_index()
+
+    def _new_index(self) -> NgramIndex | MultiNgramIndex:
+        if self.branches == 1:
+            return NgramIndex(self.min_ngram, self.max_ngram, self.prefer)
+        return MultiNgramIndex(self.min_ngram, self.max_ngram, self.branches, self.prefer)
 
     def start(self, ctx: StartContext) -> None:
-        self.index = NgramIndex(self.min_ngram, self.max_ngram, self.prefer)
+        self.index = self._new_index()
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         self.index.extend_to(context)
-        tokens = self.index.continuation(min(self.num_draft, max_tokens))
-        return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
+        length = min(self.num_draft, max_tokens)
+        if isinstance(self.index, NgramIndex):
+            tokens = self.index.continuation(length)
+            return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
+        builder = TreeBuilder()
+        for continuation in self.index.continuations(length, self.branches):
+            builder.path(continuation)
+        return builder.draft() if len(builder) else EMPTY_DRAFT
 
-    def update(self, context: Sequence[int], draft: Draft, accepted: int) -> None:
+    def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         pass  # the index catches up with the context at the next propose
 
     def knobs(self) -> dict[str, Any]:
-        return {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "num_draft": self.num_draft, "prefer": self.prefer}
+        return {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "num_draft": self.num_draft, "prefer": self.prefer,
+                "branches": self.branches}

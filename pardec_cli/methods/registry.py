@@ -2,6 +2,10 @@
 
 The table is torch-free (front ends list it for `--help`, `pardec methods` and shell
 completion); a method's implementation module is imported only when it is created.
+
+Draft-free methods combine with `+` (`suffix+recycling`): one tree holds every part's
+candidates. Knobs of a combination are `PART.KNOB=VALUE`, or a plain `KNOB=VALUE` for
+every part that has it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class MethodSpec:
     implementation: str  # "module:Class"
     options: tuple[MethodOption, ...] = ()
     needs_drafter: bool = False
+    combinable: bool = False  # drafts deterministically without a second model: may join a `+` combination
 
 
 _ADAPTIVE_DRAFT = (
@@ -55,7 +60,9 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("min_ngram", int, 1, "shortest n-gram to match"),
                 MethodOption("num_draft", int, 10, "tokens to copy after a match"),
                 MethodOption("prefer", str, "first", "which earlier occurrence to copy from: first or recent"),
+                MethodOption("branches", int, 1, "earlier matches to draft from, as a tree (1: a chain)"),
             ),
+            combinable=True,
         ),
         MethodSpec(
             "draft",
@@ -66,13 +73,57 @@ METHODS: dict[str, MethodSpec] = {
         ),
         MethodSpec(
             "layerskip",
-            "self-speculation: draft with the target's first layers, verify with all of them",
+            "self-speculation: draft with some of the target's layers, verify with all of them",
             "pardec_cli.methods.layerskip:LayerSkip",
             (
-                MethodOption("layers", int, 0, "draft with the first N layers (0: a quarter of the model)"),
+                MethodOption("layers", int, 0, "draft with the first N layers (0: the first and last third, skipping the middle)"),
                 MethodOption("layer_list", str, "", "explicit draft layers, e.g. '0-5,8,11' (must include 0)"),
                 *_ADAPTIVE_DRAFT,
             ),
+        ),
+        MethodSpec(
+            "jacobi",
+            "Jacobi iteration: a window of guesses refined by every forward; its fixed-point prefix is kept",
+            "pardec_cli.methods.jacobi:Jacobi",
+            (MethodOption("window", int, 8, "guessed tokens verified per step"),),
+            combinable=True,
+        ),
+        MethodSpec(
+            "lookahead",
+            "lookahead decoding: a 2-D Jacobi window harvests n-grams; matching ones are verified in the same pass",
+            "pardec_cli.methods.lookahead:Lookahead",
+            (
+                MethodOption("window", int, 6, "W: Jacobi window width (columns)"),
+                MethodOption("ngram", int, 4, "N: n-gram size (the window keeps N-1 levels)"),
+                MethodOption("guesses", int, 6, "G: most n-grams verified per step"),
+                MethodOption("prompt_pool", bool, True, "also pool the n-grams of the prompt and the output"),
+            ),
+            combinable=True,
+        ),
+        MethodSpec(
+            "recycling",
+            "token recycling: a tree read from a table of the target's recent top-k next tokens per token",
+            "pardec_cli.methods.recycling:TokenRecycling",
+            (
+                MethodOption("topk", int, 8, "next-token candidates kept per token (widest branching)"),
+                MethodOption("nodes", int, 32, "tree size (candidates verified per step)"),
+                MethodOption("depth", int, 6, "longest path in the tree"),
+            ),
+            combinable=True,
+        ),
+        MethodSpec(
+            "suffix",
+            "suffix drafting: most frequent continuations of the longest match in prompt, output and earlier outputs",
+            "pardec_cli.methods.suffix:SuffixDrafting",
+            (
+                MethodOption("depth", int, 24, "longest substring the suffix tries index"),
+                MethodOption("max_match", int, 12, "longest context suffix to match (at most depth - 1)"),
+                MethodOption("factor", float, 4.0, "tree nodes per matched token"),
+                MethodOption("max_nodes", int, 32, "largest tree"),
+                MethodOption("min_prob", float, 0.1, "least estimated probability of a drafted branch"),
+                MethodOption("history_tokens", int, 16384, "tokens of this method's earlier outputs to match too (0: none)"),
+            ),
+            combinable=True,
         ),
     )
 }
@@ -84,7 +135,23 @@ def method_names() -> list[str]:
 
 
 def get_spec(name: str) -> MethodSpec:
-    """The spec for `name`, or a usage error that suggests a close name."""
+    """The spec for `name` (a `+` combination gets one with PART.KNOB options), or a usage error."""
+    if "+" in name:
+        parts = [_get_single(part) for part in name.split("+")]
+        for part in parts:
+            if not part.combinable:
+                combinable = ", ".join(s.name for s in METHODS.values() if s.combinable)
+                raise PardecUsageError(f"method {part.name!r} cannot be combined with '+' (combinable: {combinable})")
+        if len({part.name for part in parts}) != len(parts):
+            raise PardecUsageError(f"method {name!r} names a part twice")
+        options = tuple(
+            MethodOption(f"{part.name}.{o.name}", o.kind, o.default, o.help) for part in parts for o in part.options
+        )
+        return MethodSpec(name, "combination: " + " + ".join(p.name for p in parts), "pardec_cli.methods.combine:Combined", options)
+    return _get_single(name)
+
+
+def _get_single(name: str) -> MethodSpec:
     spec = METHODS.get(name)
     if spec is None:
         close = difflib.get_close_matches(name, METHODS, n=1)
@@ -96,7 +163,31 @@ def get_spec(name: str) -> MethodSpec:
 def create(name: str, options: Mapping[str, Any], env: MethodEnv) -> Proposer:
     """Instantiate method `name` with `options` (validated against its declared knobs)."""
     spec = get_spec(name)
+    if "+" in name:
+        return _create_combined(spec, options, env)
     values = resolve_options(name, spec.options, options)
     module_name, class_name = spec.implementation.split(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(env, **values)
+
+
+def _create_combined(spec: MethodSpec, options: Mapping[str, Any], env: MethodEnv) -> Proposer:
+    """Each part gets its PART.KNOB options, and every plain KNOB that it declares."""
+    from pardec_cli.methods.combine import Combined
+
+    names = spec.name.split("+")
+    per_part: dict[str, dict[str, Any]] = {part: {} for part in names}
+    for key, value in options.items():
+        part, dot, knob = key.partition(".")
+        if dot:
+            if part not in per_part:
+                raise PardecUsageError(f"option {key!r} names no part of {spec.name!r}")
+            per_part[part][knob] = value
+            continue
+        takers = [p for p in names if any(o.name == key for o in METHODS[p].options)]
+        if not takers:
+            valid = ", ".join(o.name for o in spec.options) or "none"
+            raise PardecUsageError(f"method {spec.name!r} has no option {key!r} (its options: {valid})")
+        for p in takers:
+            per_part[p].setdefault(key, value)
+    return Combined(spec.name, [create(part, per_part[part], env) for part in names])

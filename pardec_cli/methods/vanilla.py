@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.methods.base import MethodEnv
 
 
@@ -24,7 +24,7 @@ class Vanilla:
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         return EMPTY_DRAFT
 
-    def update(self, context: Sequence[int], draft: Draft, accepted: int) -> None:
+    def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         pass
 
     def knobs(self) -> dict[str, Any]:

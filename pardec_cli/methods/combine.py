@@ -1,0 +1,75 @@
+"""Several proposers drafting into one tree (`--method suffix+recycling`), verified in one pass.
+
+Each part proposes as if alone; their drafts are merged into one trie (shared prefixes
+become shared nodes), so the target scores every candidate of every part in the same
+forward and the verifier picks the longest accepted path among all of them. Each part
+then learns about its own nodes: its kept path (the longest prefix of the accepted path
+that it drafted) and, if it asks, the target's top tokens at its nodes (and, for token
+recycling, at every node of the step).
+
+Only deterministic drafts are merged (the draft-free methods): a node drafted by two
+parts would otherwise need two proposal distributions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, Proposer, StartContext
+from pardec_cli.engine.tree import TreeBuilder
+from pardec_cli.errors import PardecUsageError
+
+
+class Combined:
+    """The union of its parts' drafts, as one tree."""
+
+    needs_rollback = True
+
+    def __init__(self, name: str, parts: Sequence[Proposer]) -> None:
+        if len(parts) < 2:
+            raise PardecUsageError(f"a combined method needs at least two parts, got {name!r}")
+        self.name = name
+        self.parts = list(parts)
+        self.feedback_top_k = max(int(getattr(part, "feedback_top_k", 0) or 0) for part in self.parts)
+        self._drafts: list[Draft] = []
+        self._node_ids: list[list[int | None]] = []  # per part: its node i -> merged node id
+
+    def start(self, ctx: StartContext) -> None:
+        for part in self.parts:
+            part.start(ctx)
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        builder = TreeBuilder()
+        self._drafts, self._node_ids = [], []
+        for part in self.parts:
+            draft = part.propose(context, max_tokens)
+            if draft.probs is not None:
+                raise PardecUsageError(f"method {part.name!r} drafts by sampling and cannot be combined")
+            self._drafts.append(draft)
+            self._node_ids.append(builder.graft(draft.tokens, draft.parents))
+        return builder.draft() if len(builder) else EMPTY_DRAFT
+
+    def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
+        for part, own, ids in zip(self.parts, self._drafts, self._node_ids):
+            part.update(context, own, self._own_outcome(part, ids, outcome))
+
+    def _own_outcome(self, part: Proposer, ids: list[int | None], outcome: Outcome) -> Outcome:
+        own_id = {merged: i for i, merged in enumerate(ids)}
+        path: list[int] = []
+        for merged in outcome.path:
+            if merged not in own_id:
+                break
+            path.append(own_id[merged])
+        top = None
+        want = int(getattr(part, "feedback_top_k", 0) or 0)
+        if want and outcome.top_tokens is not None:
+            # Rows: the root, then the part's nodes (each node is in the merged tree: nothing is capped).
+            rows = torch.tensor([0, *(merged + 1 for merged in ids)], device=outcome.top_tokens.device)
+            top = outcome.top_tokens.index_select(0, rows)[:, :want]
+        return Outcome(len(path), tuple(path), top, outcome.step_inputs, outcome.step_top_tokens)
+
+    def knobs(self) -> dict[str, Any]:
+        return {f"{part.name}.{key}": value for part in self.parts for key, value in part.knobs().items()}

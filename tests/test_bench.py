@@ -1,0 +1,146 @@
+"""`pardec bench`: prompt sets, method lists, the summary arithmetic, and a real short run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pardec_cli.bench import (
+    HF_GREEDY, OVERALL, BenchPrompt, Run, format_tables, limit_per_category, load_prompts, parse_methods, summarize,
+)
+from pardec_cli.errors import PardecUsageError
+from tests.cli_helpers import invoke
+
+SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+# -- prompt sets --------------------------------------------------------------------
+
+
+def test_spec_bench_format_uses_the_first_turn(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [
+        {"question_id": 7, "category": "writing", "turns": ["First turn", "Second turn"]},
+        {"question_id": 8, "category": "qa", "turns": ["Q?"]},
+    ])
+    assert load_prompts(path) == [BenchPrompt("7", "writing", "First turn"), BenchPrompt("8", "qa", "Q?")]
+
+
+def test_humaneval_format_uses_the_prompt(tmp_path):
+    path = write_jsonl(tmp_path / "h.jsonl", [{"task_id": "HumanEval/0", "prompt": "def f():\n"}])
+    assert load_prompts(path) == [BenchPrompt("HumanEval/0", "humaneval", "def f():\n")]
+
+
+@pytest.mark.parametrize("name", ["spec_bench_dev.jsonl", "humaneval_dev.jsonl", "code_edit_dev.jsonl"])
+def test_the_shared_benchmark_sets_load(name):
+    path = SHARED_BENCH / name
+    if not path.exists():
+        pytest.skip(f"{path} is not on this machine")
+    prompts = load_prompts(path)
+    assert len(prompts) > 50
+    assert all(p.text.strip() for p in prompts)
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [("{not json\n", "not valid JSON"), ('{"question_id": 1}\n', "turns"), ("\n\n", "no prompts")],
+)
+def test_bad_prompt_files_are_usage_errors_naming_the_line(tmp_path, content, fragment):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(PardecUsageError, match=fragment):
+        load_prompts(path)
+
+
+def test_missing_prompt_file(tmp_path):
+    with pytest.raises(PardecUsageError, match="not found"):
+        load_prompts(tmp_path / "nope.jsonl")
+
+
+def test_limit_per_category_keeps_file_order():
+    prompts = [BenchPrompt(str(i), cat, "x") for i, cat in enumerate("aabab")]
+    assert [p.prompt_id for p in limit_per_category(prompts, 1)] == ["0", "2"]
+    assert len(limit_per_category(prompts, None)) == 5
+
+
+# -- method lists -------------------------------------------------------------------
+
+
+def test_method_list_with_knobs_and_layer_lists():
+    choices = parse_methods("vanilla, pld[num_draft=8,prefer=recent],layerskip[layer_list=0-9,20-29,k=4]")
+    assert [c.label for c in choices] == ["vanilla", "pld[num_draft=8,prefer=recent]", "layerskip[layer_list=0-9,20-29,k=4]"]
+    assert choices[1].options == {"num_draft": "8", "prefer": "recent"}
+    assert choices[2].options == {"layer_list": "0-9,20-29", "k": "4"}
+
+
+@pytest.mark.parametrize("text", ["", "pld[", "pld[num_draft]"])
+def test_bad_method_lists(text):
+    with pytest.raises(PardecUsageError):
+        parse_methods(text)
+
+
+# -- summary arithmetic -------------------------------------------------------------
+
+
+def run(label, pid, cat, tokens, seconds, steps, drafted=0, accepted=0, ids=None):
+    return Run(label, pid, cat, tokens, seconds, steps, drafted, accepted, ids or list(range(tokens)))
+
+
+def test_summary_ratios_steps_acceptance_and_match():
+    runs = [
+        run("vanilla", "1", "a", 11, 1.0, 10), run("vanilla", "2", "b", 11, 1.0, 10),
+        run("pld", "1", "a", 11, 0.5, 4, drafted=8, accepted=6),
+        run("pld", "2", "b", 11, 0.25, 2, drafted=10, accepted=8, ids=[0] * 11),  # differs from vanilla
+        run(HF_GREEDY, "1", "a", 11, 1.1, 10), run(HF_GREEDY, "2", "b", 11, 0.9, 10),
+    ]
+    table = summarize(runs, ["vanilla", "pld", HF_GREEDY])
+    overall = table[OVERALL]
+    assert overall["vanilla"].tokens_per_s == pytest.approx(11.0)
+    assert overall["pld"].tokens_per_s == pytest.approx(22 / 0.75, rel=1e-3)
+    assert overall["pld"].speedup_vs_vanilla == pytest.approx((22 / 0.75) / 11, rel=1e-3)
+    assert overall["pld"].speedup_vs_hf == pytest.approx((22 / 0.75) / 11, rel=1e-3)
+    assert overall["pld"].mean_tokens_per_step == pytest.approx(20 / 6, rel=1e-3)  # first token is the prefill's
+    assert overall["pld"].acceptance_rate == pytest.approx(14 / 18, rel=1e-3)
+    assert overall["pld"].match_rate == 0.5
+    assert table["b"]["pld"].match_rate == 0.0
+    assert table["a"]["pld"].speedup_vs_vanilla == pytest.approx(2.0)
+    text = format_tables(table)
+    assert text.index("== a (") < text.index("== overall (")
+
+
+# -- a real run ---------------------------------------------------------------------
+
+
+@pytest.mark.real_model
+def test_bench_command_on_the_embedded_model(tmp_path, embedded_pardec_home, monkeypatch):
+    monkeypatch.setenv("PARDEC_HOME", str(embedded_pardec_home))
+    prompts = write_jsonl(tmp_path / "p.jsonl", [
+        {"question_id": 1, "category": "edit", "turns": ["Repeat exactly: one two three four five six"]},
+        {"question_id": 2, "category": "chat", "turns": ["Say hello."]},
+    ])
+    out = tmp_path / "bench.json"
+    result = invoke(["bench", "--prompts", str(prompts), "--methods", "vanilla,pld[num_draft=4]", "-n", "8",
+                     "--dtype", "float32", "--baseline-hf", "--json", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert "== overall (2 prompts) ==" in result.stdout
+    document = json.loads(out.read_text())
+    assert document["config"]["methods"] == ["vanilla", "pld[num_draft=4]", "hf", "hf-pld"]
+    overall = document["summary"]["overall"]
+    # float32: every method, HF's included, produces exactly vanilla's tokens.
+    assert {label: cell["match_rate"] for label, cell in overall.items()} == {
+        "vanilla": 1.0, "pld[num_draft=4]": 1.0, "hf": 1.0, "hf-pld": 1.0}
+    assert len(document["runs"]) == 2 * 4
+    assert "pardec bench: 2 prompts x 4 methods" in result.stderr
+
+
+def test_bench_rejects_a_bad_method_before_loading_anything(tmp_path):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"question_id": 1, "category": "c", "turns": ["x"]}])
+    result = invoke(["bench", "--prompts", str(prompts), "--methods", "vanilla,nope"])
+    assert result.exit_code == 2
+    assert "unknown method 'nope'" in result.stderr
