@@ -267,7 +267,8 @@ def format_tables(table: dict[str, dict[str, Summary]]) -> str:
     """Plain-text tables, one per category, overall last."""
     lines: list[str] = []
     groups = sorted(g for g in table if g != OVERALL) + [OVERALL]
-    header = f"{'method':<24} {'tok/s':>7} {'vs vanilla':>10} {'vs HF':>7} {'tok/step':>8} {'accept':>7} {'match':>6}"
+    width = max([24, *(len(label) for cells in table.values() for label in cells)])
+    header = f"{'method':<{width}} {'tok/s':>7} {'vs vanilla':>10} {'vs HF':>7} {'tok/step':>8} {'accept':>7} {'match':>6}"
     for group in groups:
         cells = table.get(group)
         if not cells:
@@ -281,7 +282,7 @@ def format_tables(table: dict[str, dict[str, Summary]]) -> str:
             match = f"{c.match_rate:.0%}" if c.match_rate is not None else "-"
             per_step = f"{c.mean_tokens_per_step:.2f}" if c.mean_tokens_per_step is not None else "-"
             lines.append(
-                f"{label:<24} {c.tokens_per_s:>7.2f} {ratio(c.speedup_vs_vanilla):>10} {ratio(c.speedup_vs_hf):>7} "
+                f"{label:<{width}} {c.tokens_per_s:>7.2f} {ratio(c.speedup_vs_vanilla):>10} {ratio(c.speedup_vs_hf):>7} "
                 f"{per_step:>8} {c.acceptance_rate:>7.0%} {match:>6}"
             )
         lines.append("")

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("pardec_cli.cli.gen:gen", "Generate text from a prompt, streamed as tokens are accepted."),
     "bench": ("pardec_cli.cli.bench:bench", "Benchmark methods on a Spec-Bench-format prompt set."),
     "methods": ("pardec_cli.cli.methods:methods", "List decoding methods and their knobs."),
+    "config": ("pardec_cli.cli.config_cmd:config", "Show where pardec keeps its files and the option defaults in effect."),
     "pull": ("pardec_cli.cli.models:pull", "Download a model and its drafters/heads into the Hugging Face cache."),
     "list": ("pardec_cli.cli.models:list_models", "List the models on this machine (--json for JSON)."),
     "show": ("pardec_cli.cli.models:show", "Describe a local model: architecture, size, files, accelerators."),
@@ -53,7 +54,9 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+# Every option can also come from PARDEC_<COMMAND>_<OPTION> (e.g. PARDEC_GEN_MAX_TOKENS=64)
+# and from the config file (pardec_cli.config); a flag on the command line wins.
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "PARDEC"})
 @click.version_option(__version__, prog_name="pardec")
 def cli() -> None:
     """pardec: fast local LLM generation with parallel decoding.
@@ -81,7 +84,18 @@ def run(argv: list[str] | None = None) -> int:
 
     try:
         # Without standalone mode Click returns ctx.exit(N)'s code instead of exiting.
-        returned = cli.main(args=argv, prog_name="pardec", standalone_mode=False)
+        from pardec_cli.config import load_default_map
+
+        try:
+            default_map = load_default_map(sorted(COMMANDS))
+        except PardecError as exc:
+            # A broken config file must not hide the way to find and fix it.
+            args = sys.argv[1:] if argv is None else argv
+            if args and args[0] not in ("config", "-h", "--help"):
+                raise
+            _say(f"pardec: warning: {exc.message} (ignored)")
+            default_map = {}
+        returned = cli.main(args=argv, prog_name="pardec", standalone_mode=False, default_map=default_map)
     except click.exceptions.Abort:
         _say("pardec: interrupted")
         return EXIT_INTERRUPTED

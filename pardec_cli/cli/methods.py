@@ -26,8 +26,14 @@ def methods(as_json: bool) -> None:
         ]
         click.echo(json.dumps(data, indent=2))
         return
+    knob_width = max((len(o.name) + len(o.kind.__name__) + 1 for s in METHODS.values() for o in s.options), default=0)
     for spec in METHODS.values():
         click.echo(f"{spec.name:<10} {spec.summary}")
         for option in spec.options:
             default = "" if option.default in (None, "") else f" (default {option.default})"
-            click.echo(f"    -O {option.name}={option.kind.__name__.upper():<6} {option.help}{default}")
+            knob = f"{option.name}={option.kind.__name__.upper()}"
+            click.echo(f"    -O {knob:<{knob_width}}  {option.help}{default}")
+    click.echo(
+        "\nDraft-free methods combine into one tree verified in one pass: --method suffix+recycling,\n"
+        "with knobs per part as -O recycling.nodes=16 (a plain -O nodes=16 goes to every part that has it)."
+    )

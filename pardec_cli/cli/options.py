@@ -86,4 +86,11 @@ def build_method_options(method: str, method_opts: tuple[str, ...], draft_model:
         if method != "draft":
             raise PardecUsageError(f"--draft-model is for --method draft, not {method!r}")
         options["model"] = draft_model
+    # Check the name and knobs now, before a model is loaded (which can take a while).
+    from pardec_cli.methods.options import resolve_options
+    from pardec_cli.methods.registry import get_spec
+
+    spec = get_spec(method)
+    if "+" not in method:  # a combination routes its knobs to its parts when it is built
+        resolve_options(method, spec.options, options)
     return options
