@@ -32,7 +32,10 @@ class MethodSpec:
     summary: str
     implementation: str  # "module:Class"
     options: tuple[MethodOption, ...] = ()
-    needs_drafter: bool = False
+    # The catalog accelerator kind this method cannot run without ("drafter", "medusa",
+    # "eagle", "eagle3"), or None for methods that need no extra weights. `auto`
+    # selection reads this to know which methods the installed accelerators enable.
+    accelerator: str | None = None
     combinable: bool = False  # drafts deterministically without a second model: may join a `+` combination
 
 
@@ -69,7 +72,7 @@ METHODS: dict[str, MethodSpec] = {
             "speculative decoding with a small draft model sharing the tokenizer (--draft-model)",
             "pardec_cli.methods.draft_model:DraftModel",
             (MethodOption("model", str, None, "the draft model (alias, Hub id or directory)"), *_ADAPTIVE_DRAFT),
-            needs_drafter=True,
+            accelerator="drafter",
         ),
         MethodSpec(
             "layerskip",
