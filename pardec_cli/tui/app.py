@@ -221,12 +221,15 @@ class ChatApp(App[None]):
         if self.loading:
             text, busy = f"loading {self.model_spec or 'the embedded model'}… · " + " · ".join(parts[1:]), True
         elif self.generating:
-            text, busy = "generating (Esc stops) · " + " · ".join(parts), True
+            # No animation while generating: a UI thread that keeps drawing holds the GIL
+            # and slows the decoding thread (measured: a busy UI thread cut tokens/s 3x).
+            text, busy = "● generating (Esc stops) · " + " · ".join(parts), False
         elif self.session is None:
             text, busy = "no model loaded: F3 picks one · " + " · ".join(parts[1:]), False
         else:
             text, busy = " · ".join(parts), False
         self.query_one(StatusBar).show(text, busy=busy)
+        self.refresh_bindings()  # the footer shows "Esc Stop" only while generating
         self.sub_title = self.session.model_name if self.session is not None else ""
 
     # -- the model --------------------------------------------------------------------

@@ -81,15 +81,15 @@ class AssistantMessage(Vertical):
     def start(self, method: str, knobs: dict[str, Any]) -> None:
         """The generation began with this method."""
         self._method = describe_method(method, knobs)
-        self._stream = Markdown.get_stream(self.body)
         self.add_class("-generating")
         self.query_one(".stats", Label).update(f"{self._method} · prefill…")
 
     async def append(self, text: str) -> None:
         if text:
             self.text += text
-            if self._stream is not None:
-                await self._stream.write(text)
+            if self._stream is None:  # started with the first text (stopping a stream that never ran hangs)
+                self._stream = Markdown.get_stream(self.body)
+            await self._stream.write(text)
 
     def show_live(self, stats: LiveStats, new_steps: Sequence[int]) -> None:
         """Update the status line and the sparkline while generating."""
