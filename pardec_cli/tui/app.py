@@ -360,6 +360,7 @@ class ChatApp(App[None]):
 
     async def on_reply_done(self, message: ReplyDone) -> None:
         message.reply.per_step.extend(message.steps)
+        message.message.per_step = list(message.reply.per_step)
         await message.reply.finish(message.message, message.text)
         self.conversation.messages.append(message.message)
         self.generating = False

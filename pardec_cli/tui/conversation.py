@@ -8,7 +8,7 @@ directly. One file per conversation, ``<home>/chats/<id>.json``, written atomica
      "updated": "...", "model": "smollm2-135m", "system": null,
      "messages": [{"role": "user", "content": "..."},
                   {"role": "assistant", "content": "...", "finish_reason": "eos",
-                   "method": "pld", "knobs": {...}, "stats": {...}}]}
+                   "method": "pld", "knobs": {...}, "stats": {...}, "per_step": [1, 3, ...]}]}
 """
 
 from __future__ import annotations
@@ -54,11 +54,13 @@ class Message:
     method: str | None = None
     knobs: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)  # GenerationStats.to_dict()
+    per_step: list[int] = field(default_factory=list)  # tokens emitted by each decoding step
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.role == "assistant":
-            data.update(finish_reason=self.finish_reason, method=self.method, knobs=self.knobs, stats=self.stats)
+            data.update(finish_reason=self.finish_reason, method=self.method, knobs=self.knobs, stats=self.stats,
+                        per_step=self.per_step)
         return data
 
     @classmethod
@@ -70,6 +72,7 @@ class Message:
             method=data.get("method"),
             knobs=dict(data.get("knobs") or {}),
             stats=dict(data.get("stats") or {}),
+            per_step=[int(n) for n in data.get("per_step") or []],
         )
 
 
@@ -212,24 +215,29 @@ class ConversationStore:
 
 
 def format_reply_stats(message: Message) -> str:
-    """One line about how a reply was generated: method, knobs, speed, tokens per step, TTFT."""
-    parts = [describe_method(message.method or "?", message.knobs)]
-    stats = message.stats
+    """One line about how a reply was generated: speed, tokens per step, TTFT, then the method."""
+    numbers = format_numbers(message.stats, message.finish_reason)
+    method = describe_method(message.method or "?", message.knobs)
+    return f"{numbers} · {method}" if numbers else method
+
+
+def format_numbers(stats: dict[str, Any], finish_reason: str | None = None) -> str:
+    """``41.2 tok/s · 2.31 tok/step · TTFT 120 ms · 128 tokens · eos`` from GenerationStats.to_dict()."""
+    parts = []
     if stats:
         parts.append(f"{stats.get('tokens_per_s', 0):.1f} tok/s")
-        parts.append(f"{stats.get('mean_tokens_per_step', 0):.2f} tok/step")
+        if stats.get("steps", 1):
+            parts.append(f"{stats.get('mean_tokens_per_step', 0):.2f} tok/step")
         parts.append(f"TTFT {stats.get('ttft_s', 0) * 1000:.0f} ms")
         parts.append(f"{stats.get('generated_tokens', 0)} tokens")
-    if message.finish_reason:
-        parts.append(message.finish_reason)
+    if finish_reason:
+        parts.append(finish_reason)
     return " · ".join(parts)
 
 
 def describe_method(method: str, knobs: dict[str, Any]) -> str:
-    """``pld(max_ngram=3 num_draft=10)``; just the name for a method without knobs."""
-    if not knobs:
-        return method
-    return f"{method}(" + " ".join(f"{k}={v}" for k, v in knobs.items()) + ")"
+    """``pld max_ngram=3 num_draft=10``; just the name for a method without knobs."""
+    return " ".join([method, *(f"{k}={v}" for k, v in knobs.items())])
 
 
 def to_markdown(conversation: Conversation, *, model: str | None = None) -> str:

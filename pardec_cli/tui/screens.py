@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.table import Table
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Input, Label, Markdown, OptionList, Static
+from textual.widgets import Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from pardec_cli.tui.commands import COMMANDS
@@ -30,25 +31,22 @@ KEYS = (
 )
 
 
-def help_markdown() -> str:
-    """The help text: keys, commands, and what the status line of a reply means."""
-    keys = "\n".join(f"| {key} | {what} |" for key, what in KEYS)
-    commands = "\n".join(f"| `{usage}` | {what} |" for usage, what in COMMANDS.values())
-    return f"""\
-# pardec chat
+HELP_FOOTER = """Under each reply: tokens per second (end to end), mean tokens per decoding step (1.00 is \
+plain decoding; more means drafts were accepted), time to the first token, tokens generated and why the \
+reply ended; the bars show tokens per step; then the method and its knobs."""
 
-| key | does |
-|---|---|
-{keys}
 
-| command | does |
-|---|---|
-{commands}
-
-Under each reply: the method and its knobs, tokens per second (end to end), mean tokens
-per decoding step (1.00 is plain decoding; more means drafts were accepted), time to the
-first token, tokens generated and why the reply ended. The bars show tokens per step.
-"""
+def help_table(title: str, rows: Sequence[tuple[str, str]]) -> Table:
+    """Two columns (key or command, what it does); the second wraps."""
+    table = Table.grid(padding=(0, 2))
+    table.title = title
+    table.title_justify = "left"
+    table.title_style = "bold"
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for key, what in rows:
+        table.add_row(key, what)
+    return table
 
 
 class HelpScreen(ModalScreen[None]):
@@ -59,8 +57,11 @@ class HelpScreen(ModalScreen[None]):
     ]
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help-dialog", classes="dialog"):
-            yield Markdown(help_markdown())
+        with VerticalScroll(id="help-dialog", classes="dialog"):
+            yield Static(help_table("Keys", KEYS), id="help-keys")
+            yield Static(help_table("Commands (start a message with // to send a leading slash)",
+                                    list(COMMANDS.values())), id="help-commands")
+            yield Static(HELP_FOOTER, markup=False)
             yield Static("Esc closes", classes="hint")
 
     def action_dismiss(self) -> None:  # type: ignore[override]

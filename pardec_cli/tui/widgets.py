@@ -4,7 +4,7 @@ the settings panel. They draw what the app tells them; none of them generates te
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from textual import events, on
@@ -14,7 +14,7 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Input, Label, LoadingIndicator, Markdown, Select, Sparkline, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
-from pardec_cli.tui.conversation import Message, describe_method, format_reply_stats
+from pardec_cli.tui.conversation import Message, describe_method, format_numbers
 from pardec_cli.tui.settings import PROFILES, ChatSettings
 
 SPARKLINE_STEPS = 120  # the live sparkline shows the most recent steps
@@ -29,6 +29,9 @@ class LiveStats:
     tokens_per_s: float
     mean_tokens_per_step: float
     ttft_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class UserMessage(Static):
@@ -47,11 +50,12 @@ class Notice(Static):
 
 
 class AssistantMessage(Vertical):
-    """One reply: Markdown body, and a status line (method, speed, tokens per step, TTFT)
-    with a sparkline of tokens per decoding step.
+    """One reply: the Markdown body, then a sparkline of tokens per decoding step next to
+    the numbers (tokens/s, tokens per step, TTFT, tokens, why it ended), then the method
+    and its knobs.
 
     While generating, text arrives through `append` (a MarkdownStream coalesces fragments
-    when rendering falls behind) and `show_live` updates the status; `finish` freezes both.
+    when rendering falls behind) and `show_live` updates the numbers; `finish` freezes them.
     """
 
     def __init__(self, *, title: str, message: Message | None = None) -> None:
@@ -59,30 +63,34 @@ class AssistantMessage(Vertical):
         self.border_title = title
         self._initial = message
         self._stream: MarkdownStream | None = None
-        self._method = ""
         self.per_step: list[int] = []
         self.text = message.content if message else ""
 
     def compose(self) -> ComposeResult:
         yield Markdown(self._initial.content if self._initial else "", classes="body")
         with Horizontal(classes="reply-status"):
-            yield Label(format_reply_stats(self._initial) if self._initial else "waiting for the model…",
-                        classes="stats", markup=False)
             yield Sparkline([], classes="steps")
+            yield Label("waiting for the model…", classes="stats", markup=False)
+        yield Label("", classes="method", markup=False)
 
     def on_mount(self) -> None:
         if self._initial is not None:
-            self._show_final(self._initial, [])
+            self._show_final(self._initial, self._initial.per_step)
 
     @property
     def body(self) -> Markdown:
         return self.query_one(Markdown)
 
+    @property
+    def stats_text(self) -> str:
+        """The numbers line and the method line, as shown."""
+        return f"{self.query_one('.stats', Label).render()} · {self.query_one('.method', Label).render()}"
+
     def start(self, method: str, knobs: dict[str, Any]) -> None:
         """The generation began with this method."""
-        self._method = describe_method(method, knobs)
         self.add_class("-generating")
-        self.query_one(".stats", Label).update(f"{self._method} · prefill…")
+        self.query_one(".stats", Label).update("prefill…")
+        self.query_one(".method", Label).update(describe_method(method, knobs))
 
     async def append(self, text: str) -> None:
         if text:
@@ -92,14 +100,10 @@ class AssistantMessage(Vertical):
             await self._stream.write(text)
 
     def show_live(self, stats: LiveStats, new_steps: Sequence[int]) -> None:
-        """Update the status line and the sparkline while generating."""
+        """Update the numbers and the sparkline while generating."""
         self.per_step.extend(new_steps)
-        line = f"{self._method} · {stats.tokens_per_s:.1f} tok/s"
-        if stats.steps:
-            line += f" · {stats.mean_tokens_per_step:.2f} tok/step"
-        line += f" · TTFT {stats.ttft_s * 1000:.0f} ms · {stats.generated_tokens} tokens"
-        self.query_one(".stats", Label).update(line)
-        self.query_one(Sparkline).data = self.per_step[-SPARKLINE_STEPS:]
+        self.query_one(".stats", Label).update(format_numbers(stats.to_dict()))
+        self._show_steps(self.per_step)
 
     async def finish(self, message: Message, tail: str = "") -> None:
         """The reply ended (done, cut by -n, stopped, or cancelled): show its final stats."""
@@ -117,11 +121,15 @@ class AssistantMessage(Vertical):
             self._stream = None
         await self.remove()
 
-    def _show_final(self, message: Message, per_step: list[int]) -> None:
-        self.query_one(".stats", Label).update(format_reply_stats(message))
+    def _show_steps(self, per_step: list[int]) -> None:
         sparkline = self.query_one(Sparkline)
         sparkline.data = per_step[-SPARKLINE_STEPS:]
         sparkline.display = bool(per_step)
+
+    def _show_final(self, message: Message, per_step: list[int]) -> None:
+        self.query_one(".stats", Label).update(format_numbers(message.stats, message.finish_reason))
+        self.query_one(".method", Label).update(describe_method(message.method or "?", message.knobs))
+        self._show_steps(per_step)
         if message.finish_reason == "cancelled":
             self.add_class("-cancelled")
             self.border_subtitle = "cancelled"
@@ -199,22 +207,22 @@ class SettingsPanel(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Label("Method", classes="heading")
-        yield Select([(m, m) for m in self._methods], value=self._initial.method, allow_blank=False, id="method")
+        yield Select([(m, m) for m in self._methods], value=self._initial.method, allow_blank=False, compact=True, id="method")
         yield Label("Knobs (KEY=VALUE ...)")
-        yield Input(id="knobs", placeholder="defaults")
+        yield Input(compact=True, id="knobs", placeholder="defaults")
         yield Label("Profile", classes="heading")
-        yield Select([(p, p) for p in PROFILES], value=self._initial.profile, allow_blank=False, id="profile")
+        yield Select([(p, p) for p in PROFILES], value=self._initial.profile, allow_blank=False, compact=True, id="profile")
         yield Label("Sampling", classes="heading")
         yield Label("temperature (0: greedy)")
-        yield Input(id="temperature", type="number")
+        yield Input(compact=True, id="temperature", type="number")
         yield Label("top-p")
-        yield Input(id="top_p", type="number")
+        yield Input(compact=True, id="top_p", type="number")
         yield Label("top-k (0: all)")
-        yield Input(id="top_k", type="integer")
+        yield Input(compact=True, id="top_k", type="integer")
         yield Label("seed (empty: random)")
-        yield Input(id="seed", type="integer")
+        yield Input(compact=True, id="seed", type="integer")
         yield Label("max new tokens")
-        yield Input(id="max_tokens", type="integer")
+        yield Input(compact=True, id="max_tokens", type="integer")
         yield Static("", id="settings-error", markup=False)
         yield Static("Enter applies a field; changes apply to the next reply.", classes="hint")
 
