@@ -168,6 +168,18 @@ async def test_cancel_stops_after_the_current_step_and_keeps_the_partial_reply(k
     assert session.encoded[-1][0][1] == {"role": "assistant", "content": "one two"}
 
 
+async def test_quitting_while_generating_stops_the_reply() -> None:
+    session = ScriptedSession(["a long reply"], hold_after=2)
+    app = make_app(session)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "go")
+        await wait_until(pilot, session.held.is_set)
+        await pilot.press("ctrl+q")
+        assert app._cancel.is_set(), "the worker stops after this step instead of keeping the process alive"
+        session.release.set()
+
+
 async def test_escape_when_idle_does_not_cancel_anything() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

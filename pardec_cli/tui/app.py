@@ -194,7 +194,7 @@ class ChatApp(App[None]):
         with Horizontal(id="body"):
             with Vertical(id="main"):
                 yield Transcript(id="transcript")
-                yield ChatInput(id="prompt", placeholder="Message (Enter sends, Shift+Enter new line, /help)")
+                yield ChatInput(id="prompt", placeholder="Message · Enter sends · Shift+Enter or Ctrl+J: new line · F1: help")
             yield SettingsPanel(method_names(), self.settings, id="settings")
         yield StatusBar(id="status")
         yield Footer()
@@ -389,6 +389,12 @@ class ChatApp(App[None]):
         """Stop the reply after the current decoding step (Esc, Ctrl+C)."""
         self._cancel.set()
         self.notify("Stopping after this step…", timeout=2)
+
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        # A reply being generated stops after its current step; otherwise the process
+        # would wait for its worker thread after the screen has closed.
+        self._cancel.set()
+        super().exit(*args, **kwargs)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "cancel":

@@ -92,8 +92,7 @@ class ConversationsScreen(ModalScreen[str | None]):
     @staticmethod
     def _option(summary: ConversationSummary) -> Option:
         when = summary.updated.replace("T", " ")[:16]
-        title = summary.title or "(empty)"
-        return Option(f"{when}  {title}  [{summary.turns} messages, {summary.model or '?'}]", id=summary.id)
+        return Option(f"{when}  {summary.turns:3d} msgs  {summary.title or '(empty)'}", id=summary.id)
 
     @on(OptionList.OptionSelected)
     def _selected(self, event: OptionList.OptionSelected) -> None:

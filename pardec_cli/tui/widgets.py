@@ -17,7 +17,8 @@ from textual.widgets.markdown import MarkdownStream
 from pardec_cli.tui.conversation import Message, describe_method, format_numbers
 from pardec_cli.tui.settings import PROFILES, ChatSettings
 
-SPARKLINE_STEPS = 120  # the live sparkline shows the most recent steps
+SPARKLINE_STEPS = 120  # the sparkline shows the most recent steps...
+SPARKLINE_WIDTH = 30  # ...in at most this many columns
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,8 @@ class AssistantMessage(Vertical):
     def compose(self) -> ComposeResult:
         yield Markdown(self._initial.content if self._initial else "", classes="body")
         with Horizontal(classes="reply-status"):
-            yield Sparkline([], classes="steps")
             yield Label("waiting for the model…", classes="stats", markup=False)
+            yield Sparkline([], classes="steps")
         yield Label("", classes="method", markup=False)
 
     def on_mount(self) -> None:
@@ -122,8 +123,10 @@ class AssistantMessage(Vertical):
         await self.remove()
 
     def _show_steps(self, per_step: list[int]) -> None:
+        # One column per step until the bars fill their space (a few steps are not stretched).
         sparkline = self.query_one(Sparkline)
         sparkline.data = per_step[-SPARKLINE_STEPS:]
+        sparkline.styles.width = min(len(per_step), SPARKLINE_WIDTH)
         sparkline.display = bool(per_step)
 
     def _show_final(self, message: Message, per_step: list[int]) -> None:
