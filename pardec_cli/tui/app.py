@@ -313,7 +313,10 @@ class ChatApp(App[None]):
         self._cancel.clear()
         self.generating = True
         self._refresh_status()
-        self._generate(reply, self.conversation.chat_messages(), self.conversation.system, self.settings)
+        # Start decoding once the new messages are drawn, so that layout work does not
+        # compete with the prefill for the interpreter.
+        self.call_after_refresh(self._generate, reply, self.conversation.chat_messages(), self.conversation.system,
+                                self.settings)
 
     @work(thread=True, exclusive=True, group="reply")
     def _generate(self, reply: AssistantMessage, messages: list[dict[str, str]], system: str | None,

@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -266,10 +265,3 @@ def write_markdown(conversation: Conversation, target: Path, *, model: str | Non
         raise PardecError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path
 
-
-def last_user_turn(messages: Sequence[Message]) -> int | None:
-    """Index of the last user message, or None."""
-    for index in range(len(messages) - 1, -1, -1):
-        if messages[index].role == "user":
-            return index
-    return None
