@@ -95,4 +95,4 @@ def test_settings_changes_are_checked():
 
 def test_the_next_reply_uses_the_chosen_method():
     settings = ChatSettings(method="suffix", options={"max_nodes": "16"})
-    assert method_for_reply(settings, [{"role": "user", "content": "hi"}]) == ("suffix", {"max_nodes": "16"})
+    assert method_for_reply(None, settings, [{"role": "user", "content": "hi"}]) == ("suffix", {"max_nodes": "16"})

@@ -426,6 +426,25 @@ async def test_a_model_that_fails_to_load_shows_the_error_and_another_can_be_pic
         assert len(replies(app)) == 1
 
 
+async def test_a_failed_model_switch_keeps_the_model_in_use() -> None:
+    session = ScriptedSession()
+
+    def load(spec: str | None) -> ScriptedSession:
+        if spec == "missing-model":
+            raise ModelNotFoundError("model 'missing-model' is not on this machine")
+        return session
+
+    app = make_app(loader=load)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "/model missing-model")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelScreen))
+        await pilot.press("escape")
+        assert app.session is session and app.model_spec == "scripted-model"
+        await say_and_wait(pilot, "still there?")
+        assert len(replies(app)) == 1
+
+
 async def test_a_message_before_the_model_is_loaded_is_kept_in_the_box() -> None:
     session = ScriptedSession()
     loaded = threading.Event()

@@ -235,7 +235,7 @@ class ChatApp(App[None]):
     # -- the model --------------------------------------------------------------------
 
     def load_model(self, spec: str | None) -> None:
-        """Load `spec` in a worker; the chat stays usable (sending waits for the model)."""
+        """Load `spec` in a worker; the window stays responsive (messages can be typed meanwhile)."""
         self.model_spec = spec
         self.loading = True
         self._refresh_status()
@@ -246,7 +246,7 @@ class ChatApp(App[None]):
         with self._session_lock:
             try:
                 session = self._load_session(spec)
-                session.set_method(self.settings.method, dict(self.settings.options))
+                session.set_method(*method_for_reply(session, self.settings, []))
             except BaseException as exc:  # noqa: BLE001 - shown in the UI, never a traceback
                 self.post_message(ModelFailed(spec, _error_text(exc)))
                 return
@@ -260,6 +260,8 @@ class ChatApp(App[None]):
 
     def on_model_failed(self, message: ModelFailed) -> None:
         self.loading = False
+        if self.session is not None:  # a switch failed: the model already loaded stays in use
+            self.model_spec = self.session.model_name
         self._refresh_status()
         name = message.spec or "the embedded model"
         self.push_screen(
@@ -324,7 +326,7 @@ class ChatApp(App[None]):
         session, cancel = self.session, self._cancel
         with self._session_lock:
             try:
-                name, options = method_for_reply(settings, messages)
+                name, options = method_for_reply(session, settings, messages)
                 if (name, options) != (session.method_name, session.method_options):
                     session.set_method(name, options)
                 knobs = session.proposer.knobs()
@@ -477,17 +479,17 @@ class ChatApp(App[None]):
         self._refresh_status()
         method_changed = (settings.method, dict(settings.options)) != (previous.method, dict(previous.options))
         if method_changed and self.session is not None and not self.generating:
-            self._apply_method(settings, previous)
+            self._apply_method(settings, previous, self.conversation.chat_messages())
         elif method_changed:
             self.notify(f"Method {describe_method(settings.method, dict(settings.options))} from the next reply")
 
     @work(thread=True, group="method")
-    def _apply_method(self, settings: ChatSettings, previous: ChatSettings) -> None:
+    def _apply_method(self, settings: ChatSettings, previous: ChatSettings, messages: list[dict[str, str]]) -> None:
         # Building the proposer now reports a bad knob value or a missing draft model at
         # once, not on the next message.
         with self._session_lock:
             try:
-                self.session.set_method(settings.method, dict(settings.options))
+                self.session.set_method(*method_for_reply(self.session, settings, messages))
             except BaseException as exc:  # noqa: BLE001 - shown in the UI
                 self.post_message(MethodFailed(previous, _error_text(exc)))
                 return

@@ -123,12 +123,13 @@ def parse_method_words(words: Sequence[str]) -> tuple[str, dict[str, Any]]:
     return words[0], dict(parse_assignments(tuple(words[1:])))
 
 
-def method_for_reply(settings: ChatSettings, messages: Sequence[Mapping[str, str]]) -> tuple[str, dict[str, Any]]:
-    """The method and knobs that decode the next reply to `messages`.
+def method_for_reply(session: Any, settings: ChatSettings,
+                     messages: Sequence[Mapping[str, str]]) -> tuple[str, dict[str, Any]]:
+    """The method and knobs that decode the next reply to `messages` on `session`.
 
-    The one place where the chat chooses how to decode: today, the method the user
-    picked. Automatic selection (`--method auto`: from the profile, the conversation and
-    the hardware) belongs here, so that the app, its status line and the saved
-    conversation all follow it without other changes.
+    The one place where the chat chooses how to decode (the model loader, every reply,
+    and so the status lines and the saved conversation follow it): today, the method
+    the user picked. Automatic selection (`--method auto`, from the profile, the last
+    user message and the hardware) plugs in here.
     """
     return settings.method, dict(settings.options)
