@@ -96,3 +96,29 @@ def test_settings_changes_are_checked():
 def test_the_next_reply_uses_the_chosen_method():
     settings = ChatSettings(method="suffix", options={"max_nodes": "16"})
     assert method_for_reply(None, settings, [{"role": "user", "content": "hi"}]) == ("suffix", {"max_nodes": "16"})
+
+
+def test_updates_wait_for_the_ui_and_are_spaced_by_what_they_cost(monkeypatch):
+    from pardec_cli.tui import pacing
+
+    clock = {"cpu": 0.0, "now": 100.0}
+    monkeypatch.setattr(pacing.time, "thread_time", lambda: clock["cpu"])
+    monkeypatch.setattr(pacing.time, "monotonic", lambda: clock["now"])
+    pacer = pacing.UpdatePacer()
+    assert pacer.may_send(100.0)
+    pacer.sent()
+    assert not pacer.may_send(500.0), "the UI has not applied the last update yet"
+
+    def ui_spends(seconds: float) -> None:
+        clock["cpu"] += seconds
+        pacer.taken()
+
+    ui_spends(0.006)  # 6 ms of UI work: the next update comes 6 ms / UI_SHARE later
+    wait = 0.006 / pacing.UI_SHARE
+    assert not pacer.may_send(100.0 + wait - 0.01) and pacer.may_send(100.0 + wait)
+    pacer.sent()
+    ui_spends(0.00001)  # cheap updates: as often as MIN_INTERVAL_S
+    assert pacer.may_send(100.0 + pacing.MIN_INTERVAL_S) and not pacer.may_send(100.0 + pacing.MIN_INTERVAL_S / 2)
+    pacer.sent()
+    ui_spends(5.0)  # very costly updates: still one every MAX_INTERVAL_S
+    assert pacer.may_send(100.0 + pacing.MAX_INTERVAL_S)

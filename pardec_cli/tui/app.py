@@ -5,9 +5,11 @@ touch the model, one at a time (`_session_lock`):
 
 - `_load_model` loads a `Session` (this is where torch is first imported);
 - `_generate` runs one reply: it iterates the session's `TextStream` and posts
-  `ReplyProgress` messages at most every `UPDATE_INTERVAL_S`, batching the text and
-  the per-step counts of the steps in between, then one `ReplyDone`. Cancelling sets
-  `_cancel`; the worker sees it after the current step and calls `stream.finish()`.
+  `ReplyProgress` messages as often as the `UpdatePacer` allows (pacing.py: the UI
+  keeps a small share of the time, so drawing does not slow decoding), batching the
+  text and the per-step counts of the steps in between, then one `ReplyDone`.
+  Cancelling sets `_cancel`; the worker sees it after the current step and calls
+  `stream.finish()`.
 
 The app holds the conversation (`Conversation`, saved after every reply unless saving is
 off) and the `ChatSettings`; the session follows the settings at the start of each
@@ -40,6 +42,7 @@ from pardec_cli.tui.conversation import (
     describe_method,
     write_markdown,
 )
+from pardec_cli.tui.pacing import UpdatePacer
 from pardec_cli.tui.screens import ConversationsScreen, HelpScreen, ModelScreen
 from pardec_cli.tui.settings import PROFILES, ChatSettings, method_for_reply, parse_method_words
 from pardec_cli.tui.widgets import (
@@ -52,10 +55,6 @@ from pardec_cli.tui.widgets import (
     Transcript,
     UserMessage,
 )
-
-# At most this often the generation worker hands text and stats to the UI (15 Hz):
-# smooth to read, and cheap enough that rendering never slows the decoding thread.
-UPDATE_INTERVAL_S = 1 / 15
 
 SessionLoader = Callable[[str | None], Any]  # model spec (None: the default model) -> Session
 
@@ -184,6 +183,7 @@ class ChatApp(App[None]):
         self.generating = False
         self._cancel = threading.Event()
         self._session_lock = threading.Lock()
+        self._pacer = UpdatePacer()
 
     # -- layout ---------------------------------------------------------------------
 
@@ -313,6 +313,7 @@ class ChatApp(App[None]):
         await transcript.mount_all([UserMessage(text), reply])
         transcript.anchor()
         self._cancel.clear()
+        self._pacer.reset()
         self.generating = True
         self._refresh_status()
         # Start decoding once the new messages are drawn, so that layout work does not
@@ -323,7 +324,7 @@ class ChatApp(App[None]):
     @work(thread=True, exclusive=True, group="reply")
     def _generate(self, reply: AssistantMessage, messages: list[dict[str, str]], system: str | None,
                   settings: ChatSettings) -> None:
-        session, cancel = self.session, self._cancel
+        session, cancel, pacer = self.session, self._cancel, self._pacer
         with self._session_lock:
             try:
                 name, options = method_for_reply(session, settings, messages)
@@ -336,17 +337,16 @@ class ChatApp(App[None]):
                 self.post_message(ReplyStarted(reply, name, knobs))
                 text: list[str] = []
                 steps: list[int] = []
-                last = monotonic()
                 for chunk in stream:
                     text.append(chunk.text)
                     if chunk.event.index > 0:  # step 0 is the prefill
                         steps.append(len(chunk.event.tokens))
                     if cancel.is_set():
                         break
-                    now = monotonic()
-                    if now - last >= UPDATE_INTERVAL_S:
+                    if pacer.may_send(monotonic()):
+                        pacer.sent()
                         self.post_message(ReplyProgress(reply, "".join(text), steps, _live(stream.stats)))
-                        text, steps, last = [], [], now
+                        text, steps = [], []
                 if stream.finish_reason is None:  # left the loop early: cancelled
                     text.append(stream.finish())
             except BaseException as exc:  # noqa: BLE001 - shown in the UI, never a traceback
@@ -362,6 +362,7 @@ class ChatApp(App[None]):
     async def on_reply_progress(self, message: ReplyProgress) -> None:
         await message.reply.append(message.text)
         message.reply.show_live(message.stats, message.steps)
+        self._pacer.taken()
 
     async def on_reply_done(self, message: ReplyDone) -> None:
         message.reply.per_step.extend(message.steps)

@@ -11,6 +11,8 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message as TextualMessage
+from textual.reactive import reactive
+from textual.widget import Widget
 from textual.widgets import Input, Label, LoadingIndicator, Markdown, Select, Sparkline, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
@@ -33,6 +35,16 @@ class LiveStats:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class StatsLine(Widget):
+    """The numbers under a reply. Changing them repaints the line without a new layout
+    (a layout pass over the transcript is the costliest part of a live update)."""
+
+    text: reactive[str] = reactive("", layout=False)
+
+    def render(self) -> str:
+        return self.text
 
 
 class UserMessage(Static):
@@ -70,7 +82,7 @@ class AssistantMessage(Vertical):
     def compose(self) -> ComposeResult:
         yield Markdown(self._initial.content if self._initial else "", classes="body")
         with Horizontal(classes="reply-status"):
-            yield Label("waiting for the model…", classes="stats", markup=False)
+            yield StatsLine(classes="stats")
             yield Sparkline([], classes="steps")
         yield Label("", classes="method", markup=False)
 
@@ -85,12 +97,12 @@ class AssistantMessage(Vertical):
     @property
     def stats_text(self) -> str:
         """The numbers line and the method line, as shown."""
-        return f"{self.query_one('.stats', Label).render()} · {self.query_one('.method', Label).render()}"
+        return f"{self.query_one(StatsLine).text} · {self.query_one('.method', Label).render()}"
 
     def start(self, method: str, knobs: dict[str, Any]) -> None:
         """The generation began with this method."""
         self.add_class("-generating")
-        self.query_one(".stats", Label).update("prefill…")
+        self.query_one(StatsLine).text = "prefill…"
         self.query_one(".method", Label).update(describe_method(method, knobs))
 
     async def append(self, text: str) -> None:
@@ -103,7 +115,7 @@ class AssistantMessage(Vertical):
     def show_live(self, stats: LiveStats, new_steps: Sequence[int]) -> None:
         """Update the numbers and the sparkline while generating."""
         self.per_step.extend(new_steps)
-        self.query_one(".stats", Label).update(format_numbers(stats.to_dict()))
+        self.query_one(StatsLine).text = format_numbers(stats.to_dict())
         self._show_steps(self.per_step)
 
     async def finish(self, message: Message, tail: str = "") -> None:
@@ -126,11 +138,16 @@ class AssistantMessage(Vertical):
         # One column per step until the bars fill their space (a few steps are not stretched).
         sparkline = self.query_one(Sparkline)
         sparkline.data = per_step[-SPARKLINE_STEPS:]
-        sparkline.styles.width = min(len(per_step), SPARKLINE_WIDTH)
-        sparkline.display = bool(per_step)
+        width = min(len(per_step), SPARKLINE_WIDTH)
+        if sparkline.styles.width is None or sparkline.styles.width.value != width:
+            sparkline.styles.width = width  # a new layout only while the bars still grow
+        if sparkline.display != bool(per_step):
+            sparkline.display = bool(per_step)
 
     def _show_final(self, message: Message, per_step: list[int]) -> None:
-        self.query_one(".stats", Label).update(format_numbers(message.stats, message.finish_reason))
+        stats_line = self.query_one(StatsLine)
+        stats_line.text = format_numbers(message.stats, message.finish_reason)
+        stats_line.refresh(layout=True)  # the final line may wrap differently
         self.query_one(".method", Label).update(describe_method(message.method or "?", message.knobs))
         self._show_steps(per_step)
         if message.finish_reason == "cancelled":
