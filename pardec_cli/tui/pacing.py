@@ -1,10 +1,12 @@
 """How often the generation worker may hand an update to the UI.
 
 The decoding thread and the UI thread share one interpreter lock. Every update costs
-the UI thread Python work (Markdown parsing, layout, rendering: tens of milliseconds in
-a long transcript), and while the UI thread holds the lock the decoding thread stalls
-between its torch calls. Measured on a 2-core CPU, a fixed 15 Hz update rate cut tokens/s
-by more than half. So the pace adapts: after each update the UI measures the CPU time
+the UI thread Python work (Markdown parsing, layout, rendering: about 30 ms of CPU per
+update measured on a 2-core CPU, more in a long transcript), and while the UI thread
+holds the lock the decoding thread stalls between its torch calls (a Python thread kept
+busy next to the decoder cut its tokens/s about 3x in the same measurement; at a fixed
+15 Hz, 30 ms updates would keep the UI busy half the time). So the pace adapts: after
+each update the UI measures the CPU time
 its thread spent since the previous one, and the next update may come only after
 `cost / UI_SHARE` seconds (never sooner than `MIN_INTERVAL_S`), which keeps the UI's
 share of the time near `UI_SHARE` whatever the transcript length or the terminal. The
