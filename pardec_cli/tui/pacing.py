@@ -6,11 +6,11 @@ update measured on a 2-core CPU, more in a long transcript), and while the UI th
 holds the lock the decoding thread stalls between its torch calls (a Python thread kept
 busy next to the decoder cut its tokens/s about 3x in the same measurement; at a fixed
 15 Hz, 30 ms updates would keep the UI busy half the time). So the pace adapts: after
-each update the UI measures the CPU time
-its thread spent since the previous one, and the next update may come only after
-`cost / UI_SHARE` seconds (never sooner than `MIN_INTERVAL_S`), which keeps the UI's
-share of the time near `UI_SHARE` whatever the transcript length or the terminal. The
-worker also waits until the UI has taken the previous update, so updates never queue.
+each update the UI measures the CPU time its thread spent since the previous one, and
+the next update may come only after `cost / UI_SHARE` seconds (never sooner than
+`MIN_INTERVAL_S`), which keeps the UI's share of the time near `UI_SHARE` whatever the
+transcript length or the terminal. The worker also waits until the UI has taken the
+previous update, so updates never queue.
 """
 
 from __future__ import annotations
