@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pardec_cli.engine.events import FINISH_CANCELLED, FINISH_STOP, GenerationStats, StepEvent
-from pardec_cli.engine.sampling import SamplingParams
+from pardec_cli.engine.sampling_params import SamplingParams
 from pardec_cli.errors import PardecUsageError
 
 DEFAULT_MAX_TOKENS = 256

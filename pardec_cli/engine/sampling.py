@@ -7,33 +7,11 @@ distribution *after* temperature, top-k and top-p: that processed distribution i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from pardec_cli.errors import PardecUsageError
+from pardec_cli.engine.sampling_params import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is chosen. temperature == 0 means greedy (argmax)."""
-
-    temperature: float = 0.0
-    top_k: int = 0  # 0 = no top-k filter
-    top_p: float = 1.0  # 1.0 = no nucleus filter
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise PardecUsageError(f"--temp must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise PardecUsageError(f"--top-k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise PardecUsageError(f"--top-p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+__all__ = ["SamplingParams", "logits_to_probs", "make_generator", "sample_from"]
 
 
 def make_generator(params: SamplingParams, device: torch.device | str) -> torch.Generator | None:

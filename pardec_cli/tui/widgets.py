@@ -1,0 +1,282 @@
+"""The chat's widgets: messages in the transcript, the input box, the status bar and
+the settings panel. They draw what the app tells them; none of them generates text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from textual import events, on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message as TextualMessage
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Input, Label, LoadingIndicator, Markdown, Select, Sparkline, Static, TextArea
+from textual.widgets.markdown import MarkdownStream
+
+from pardec_cli.tui.conversation import Message, describe_method, format_numbers
+from pardec_cli.tui.settings import PROFILES, ChatSettings
+
+SPARKLINE_STEPS = 120  # the sparkline shows the most recent steps...
+SPARKLINE_WIDTH = 30  # ...in at most this many columns
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    """A snapshot of a running generation, passed from the worker thread to the UI."""
+
+    generated_tokens: int
+    steps: int
+    tokens_per_s: float
+    mean_tokens_per_step: float
+    ttft_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class StatsLine(Widget):
+    """The numbers under a reply. Changing them repaints the line without a new layout
+    (a layout pass over the transcript is the costliest part of a live update)."""
+
+    text: reactive[str] = reactive("", layout=False)
+
+    def render(self) -> str:
+        return self.text
+
+
+class UserMessage(Static):
+    """What the user sent (shown as typed, no Markdown)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text, markup=False, classes="message user")
+        self.border_title = "you"
+
+
+class Notice(Static):
+    """A line from pardec itself in the transcript: an error, a hint, a confirmation."""
+
+    def __init__(self, text: str, *, kind: str = "info") -> None:
+        super().__init__(text, markup=False, classes=f"notice -{kind}")
+
+
+class AssistantMessage(Vertical):
+    """One reply: the Markdown body, then a sparkline of tokens per decoding step next to
+    the numbers (tokens/s, tokens per step, TTFT, tokens, why it ended), then the method
+    and its knobs.
+
+    While generating, text arrives through `append` (a MarkdownStream coalesces fragments
+    when rendering falls behind) and `show_live` updates the numbers; `finish` freezes them.
+    """
+
+    def __init__(self, *, title: str, message: Message | None = None) -> None:
+        super().__init__(classes="message assistant")
+        self.border_title = title
+        self._initial = message
+        self._stream: MarkdownStream | None = None
+        self.per_step: list[int] = []
+        self.text = message.content if message else ""
+
+    def compose(self) -> ComposeResult:
+        yield Markdown(self._initial.content if self._initial else "", classes="body")
+        with Horizontal(classes="reply-status"):
+            yield StatsLine(classes="stats")
+            yield Sparkline([], classes="steps")
+        yield Label("", classes="method", markup=False)
+
+    def on_mount(self) -> None:
+        if self._initial is not None:
+            self._show_final(self._initial, self._initial.per_step)
+
+    @property
+    def body(self) -> Markdown:
+        return self.query_one(Markdown)
+
+    @property
+    def stats_text(self) -> str:
+        """The numbers line and the method line, as shown."""
+        return f"{self.query_one(StatsLine).text} · {self.query_one('.method', Label).render()}"
+
+    def start(self, method: str, knobs: dict[str, Any]) -> None:
+        """The generation began with this method."""
+        self.add_class("-generating")
+        self.query_one(StatsLine).text = "prefill…"
+        self.query_one(".method", Label).update(describe_method(method, knobs))
+
+    async def append(self, text: str) -> None:
+        if text:
+            self.text += text
+            if self._stream is None:  # started with the first text (stopping a stream that never ran hangs)
+                self._stream = Markdown.get_stream(self.body)
+            await self._stream.write(text)
+
+    def show_live(self, stats: LiveStats, new_steps: Sequence[int]) -> None:
+        """Update the numbers and the sparkline while generating."""
+        self.per_step.extend(new_steps)
+        self.query_one(StatsLine).text = format_numbers(stats.to_dict())
+        self._show_steps(self.per_step)
+
+    async def finish(self, message: Message, tail: str = "") -> None:
+        """The reply ended (done, cut by -n, stopped, or cancelled): show its final stats."""
+        await self.append(tail)
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.remove_class("-generating")
+        self._show_final(message, self.per_step)
+
+    async def fail(self) -> None:
+        """The generation failed before producing a reply: remove this message."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        await self.remove()
+
+    def _show_steps(self, per_step: list[int]) -> None:
+        # One column per step until the bars fill their space (a few steps are not stretched).
+        sparkline = self.query_one(Sparkline)
+        sparkline.data = per_step[-SPARKLINE_STEPS:]
+        width = min(len(per_step), SPARKLINE_WIDTH)
+        if sparkline.styles.width is None or sparkline.styles.width.value != width:
+            sparkline.styles.width = width  # a new layout only while the bars still grow
+        if sparkline.display != bool(per_step):
+            sparkline.display = bool(per_step)
+
+    def _show_final(self, message: Message, per_step: list[int]) -> None:
+        stats_line = self.query_one(StatsLine)
+        stats_line.text = format_numbers(message.stats, message.finish_reason)
+        stats_line.refresh(layout=True)  # the final line may wrap differently
+        self.query_one(".method", Label).update(describe_method(message.method or "?", message.knobs))
+        self._show_steps(per_step)
+        if message.finish_reason == "cancelled":
+            self.add_class("-cancelled")
+            self.border_subtitle = "cancelled"
+
+
+class Transcript(VerticalScroll):
+    """The conversation, newest at the bottom; follows new text unless the user scrolls up."""
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+
+class ChatInput(TextArea):
+    """The message box: Enter sends; Shift+Enter, Alt+Enter or Ctrl+J insert a newline."""
+
+    NEWLINE_KEYS = ("shift+enter", "alt+enter", "ctrl+j")
+
+    class Submitted(TextualMessage):
+        """The user pressed Enter."""
+
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", compact=True, **kwargs)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self.text))
+            return
+        if event.key in self.NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+
+class StatusBar(Horizontal):
+    """Model, method and sampling in effect, and what the app is doing (loading, generating)."""
+
+    def compose(self) -> ComposeResult:
+        yield LoadingIndicator(id="busy")
+        yield Label("", id="status-text", markup=False)
+
+    def show(self, text: str, *, busy: bool) -> None:
+        self.query_one("#status-text", Label).update(text)
+        self.query_one("#busy", LoadingIndicator).display = busy
+
+
+class SettingsPanel(VerticalScroll):
+    """Method, knobs, profile and sampling, editable while chatting (F2 shows and hides it).
+
+    A change is sent to the app as `SettingsPanel.Changed` with the raw values; the app
+    validates them and calls `show_error` when they are wrong.
+    """
+
+    class Changed(TextualMessage):
+        """The user changed a setting: `field` is "method", "knobs", "profile" or a sampling key."""
+
+        def __init__(self, field: str, value: Any) -> None:
+            super().__init__()
+            self.field = field
+            self.value = value
+
+    def __init__(self, methods: Sequence[str], settings: ChatSettings, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._methods = list(methods)
+        if settings.method not in self._methods:  # a `+` combination from the command line
+            self._methods.append(settings.method)
+        self._initial = settings
+
+    def compose(self) -> ComposeResult:
+        yield Label("Method", classes="heading")
+        yield Select([(m, m) for m in self._methods], value=self._initial.method, allow_blank=False, compact=True, id="method")
+        yield Label("Knobs (KEY=VALUE ...)")
+        yield Input(compact=True, id="knobs", placeholder="defaults")
+        yield Label("Profile", classes="heading")
+        yield Select([(p, p) for p in PROFILES], value=self._initial.profile, allow_blank=False, compact=True, id="profile")
+        yield Label("Sampling", classes="heading")
+        yield Label("temperature (0: greedy)")
+        yield Input(compact=True, id="temperature", type="number")
+        yield Label("top-p")
+        yield Input(compact=True, id="top_p", type="number")
+        yield Label("top-k (0: all)")
+        yield Input(compact=True, id="top_k", type="integer")
+        yield Label("seed (empty: random)")
+        yield Input(compact=True, id="seed", type="integer")
+        yield Label("max new tokens")
+        yield Input(compact=True, id="max_tokens", type="integer")
+        yield Static("", id="settings-error", markup=False)
+        yield Static("Enter applies a field; changes apply to the next reply.", classes="hint")
+
+    def show_settings(self, settings: ChatSettings) -> None:
+        """Fill the fields from `settings` (without sending Changed messages)."""
+        with self.prevent(Select.Changed, Input.Changed):
+            method = self.query_one("#method", Select)
+            if settings.method not in self._methods:  # a `+` combination from the command line
+                self._methods.append(settings.method)
+                method.set_options([(m, m) for m in self._methods])
+            method.value = settings.method
+            self.query_one("#knobs", Input).value = " ".join(f"{k}={v}" for k, v in settings.options.items())
+            self.query_one("#profile", Select).value = settings.profile
+            self.query_one("#temperature", Input).value = f"{settings.temperature:g}"
+            self.query_one("#top_p", Input).value = f"{settings.top_p:g}"
+            self.query_one("#top_k", Input).value = str(settings.top_k)
+            self.query_one("#seed", Input).value = "" if settings.seed is None else str(settings.seed)
+            self.query_one("#max_tokens", Input).value = str(settings.max_tokens)
+        self.show_error(None)
+
+    def show_error(self, text: str | None) -> None:
+        error = self.query_one("#settings-error", Static)
+        error.update(text or "")
+        error.display = bool(text)
+
+    @on(Select.Changed)
+    def _select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        if event.select.id == "method":
+            # A new method starts from its default knobs.
+            self.query_one("#knobs", Input).value = ""
+        self.post_message(self.Changed(event.select.id or "", event.value))
+
+    @on(Input.Submitted)
+    def _input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.post_message(self.Changed(event.input.id or "", event.value))
