@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pardec_cli.errors import ModelNotFoundError
+from pardec_cli.tui.widgets import ChatInput
 from tests.test_tui import make_app, say, wait_until
 from tests.tui_fakes import ScriptedSession
 
@@ -23,13 +24,20 @@ def is_prime(n: int) -> bool:
 It checks divisors up to **√n**."""
 
 
+async def steady(pilot: Any) -> None:
+    """Stop the input's cursor blinking, so a snapshot does not depend on when it is taken."""
+    for chat_input in pilot.app.query(ChatInput):
+        chat_input.cursor_blink = False
+    await pilot.pause()
+
+
 async def chatted(pilot: Any) -> None:
     app = pilot.app
     await wait_until(pilot, lambda: app.session is not None)
     await say(pilot, "Write a Python function that checks whether a number is prime.")
     await wait_until(pilot, lambda: not app.generating and bool(app.conversation.messages))
     app.clear_notifications()
-    await pilot.pause()
+    await steady(pilot)
 
 
 def test_conversation_with_reply_stats(snap_compare):
@@ -41,7 +49,7 @@ def test_settings_panel(snap_compare):
     async def open_panel(pilot: Any) -> None:
         await chatted(pilot)
         await pilot.press("f2")
-        await pilot.pause()
+        await steady(pilot)
 
     app = make_app(ScriptedSession([REPLY]), save=False)
     assert snap_compare(app, terminal_size=SIZE, run_before=open_panel)
@@ -51,7 +59,7 @@ def test_help_screen(snap_compare):
     async def open_help(pilot: Any) -> None:
         await wait_until(pilot, lambda: pilot.app.session is not None)
         await pilot.press("f1")
-        await pilot.pause()
+        await steady(pilot)
 
     assert snap_compare(make_app(save=False), terminal_size=SIZE, run_before=open_help)
 
@@ -63,7 +71,7 @@ def test_model_load_error(snap_compare):
 
     async def wait_for_error(pilot: Any) -> None:
         await wait_until(pilot, lambda: bool(pilot.app.screen.query("#model-error")))
-        await pilot.pause()
+        await steady(pilot)
 
     app = make_app(loader=fail, model="qwen9-1t", save=False)
     assert snap_compare(app, terminal_size=SIZE, run_before=wait_for_error)

@@ -199,8 +199,12 @@ class StatusBar(Horizontal):
         yield Label("", id="status-text", markup=False)
 
     def show(self, text: str, *, busy: bool) -> None:
-        self.query_one("#status-text", Label).update(text)
-        self.query_one("#busy", LoadingIndicator).display = busy
+        # A worker's message can arrive while the app is closing and the bar's children
+        # are already removed: then there is nothing left to show it on.
+        for label in self.query("#status-text").results(Label):
+            label.update(text)
+        for indicator in self.query("#busy").results(LoadingIndicator):
+            indicator.display = busy
 
 
 class SettingsPanel(VerticalScroll):
