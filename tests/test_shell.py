@@ -22,7 +22,7 @@ import pytest
 from pardec_cli.session import Session, TextStream
 from tests.cli_helpers import invoke
 
-RESULT_FIELDS = {"text", "model", "method", "knobs", "dtype", "device", "finish_reason", "stats"}
+RESULT_FIELDS = {"text", "model", "method", "knobs", "profile", "dtype", "device", "finish_reason", "stats"}
 STEP_FIELDS = {"type", "step", "text", "tokens", "drafted", "accepted", "propose_s", "verify_s", "elapsed_s"}
 TINY_CONTEXT = 1024
 

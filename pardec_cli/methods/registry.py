@@ -36,6 +36,9 @@ class MethodSpec:
     # "eagle", "eagle3"), or None for methods that need no extra weights. `auto`
     # selection reads this to know which methods the installed accelerators enable.
     accelerator: str | None = None
+    # The knob that names which installed accelerator to use (draft: "model"), so that
+    # `auto` can choose among several; None when the method finds its own.
+    accelerator_option: str | None = None
     combinable: bool = False  # drafts deterministically without a second model: may join a `+` combination
 
 
@@ -73,6 +76,7 @@ METHODS: dict[str, MethodSpec] = {
             "pardec_cli.methods.draft_model:DraftModel",
             (MethodOption("model", str, None, "the draft model (alias, Hub id or directory)"), *_ADAPTIVE_DRAFT),
             accelerator="drafter",
+            accelerator_option="model",
         ),
         MethodSpec(
             "layerskip",
