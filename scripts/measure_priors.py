@@ -51,7 +51,8 @@ def main() -> None:
     configs = [c for c in CONFIGS if not args.only or c[0] in args.only.split(",")]
     results = {}
     for profile in ("code", "chat", "extraction"):
-        prompts = builtin_prompts(profile)[: args.per_profile]
+        every = builtin_prompts(profile)
+        prompts = every[:: max(len(every) // args.per_profile, 1)][: args.per_profile]  # spread over the set
         encoded = [session.encode(p.text) for p in prompts]
         for name, knobs in configs:
             proposer = session.build_proposer(name, knobs)
