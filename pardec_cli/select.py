@@ -161,12 +161,14 @@ def select(
     estimates: list[Estimate] = [baseline]
     skipped: list[tuple[str, str]] = []
 
-    measured_methods = set()
+    # Tune's winner enters with its measured speed-up; every method tune measured (won or
+    # lost) no longer enters with its prior: a measurement beats a guess. Losers are not
+    # candidates themselves: most were measured on a prompt or two, too few to trust.
+    measured_methods: set[str] = set()
     if tuned is not None:
-        for tc in tuned.candidates:
-            if _unavailable(tc.method, methods, accelerators) is not None or tc.method == "vanilla":
-                continue
-            measured_methods.add(tc.method)
+        measured_methods = {tc.method for tc in tuned.candidates}
+        tc = tuned.best_candidate()
+        if tc is not None and tc.method != "vanilla" and _unavailable(tc.method, methods, accelerators) is None:
             tokens = tc.tokens_per_step if greedy else sampled_tokens(tc.tokens_per_step)
             speedup = tc.speedup * tokens / tc.tokens_per_step
             estimates.append(Estimate(tc.method, dict(tc.knobs), speedup, tokens, tokens / speedup, "tuned"))

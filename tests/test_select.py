@@ -204,6 +204,7 @@ def test_tuned_measurements_replace_the_priors_of_the_methods_they_cover() -> No
     assert choice.label == "recycling[nodes=12]"
     assert choice.estimate.basis == "tuned" and choice.estimate.speedup == pytest.approx(1.4)
     assert all(e.basis != "prior" for e in choice.ranking)  # both methods were measured
+    assert [e.label for e in choice.ranking] == ["recycling[nodes=12]", "vanilla"]  # only the winner competes
     assert "measured by pardec tune" in choice.explain()
 
 

@@ -56,7 +56,7 @@ class FakeMachine:
         seconds = TOKENS / speed
         self.now += seconds
         tokens_per_step, drafted = SURFACE.get(label, (1.0, 0.0))
-        steps = round(TOKENS / tokens_per_step)
+        steps = round((TOKENS - 1) / tokens_per_step)
         return Run(label, prompt, TOKENS, seconds, steps, round(drafted * steps), 0.0, label not in self.mismatch)
 
 
@@ -92,7 +92,7 @@ def test_screening_drops_what_the_cost_curve_predicts_to_be_slow() -> None:
 
 
 def test_predicted_speedup_comes_from_counts_and_the_curve() -> None:
-    run = Run("x", "p", 260, 9.9, 100, 1600, 0.0, True)  # 2.6 tokens and 16 drafted per step
+    run = Run("x", "p", 261, 9.9, 100, 1600, 0.0, True)  # 2.6 tokens and 16 drafted per step after the first
     assert predicted_speedup([run], CURVE) == pytest.approx(true_speedup("tree[nodes=16]"))
 
 

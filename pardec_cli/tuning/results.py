@@ -53,8 +53,8 @@ class Run:
 
     label: str
     prompt: str
-    tokens: int  # new tokens after the first (decode phase)
-    seconds: float
+    tokens: int  # tokens generated (the prefill's first one included)
+    seconds: float  # wall time of the whole generation, prefill included (end to end)
     steps: int
     drafted: int
     propose_s: float

@@ -94,7 +94,7 @@ def predicted_speedup(runs: Sequence[Run], curve: CostCurve) -> float | None:
     steps = sum(r.steps for r in runs)
     if steps == 0:
         return None
-    tokens_per_step = sum(r.tokens for r in runs) / steps
+    tokens_per_step = sum(r.tokens - 1 for r in runs) / steps  # the prefill's token is not a step's
     drafted = sum(r.drafted for r in runs) / steps
     draft_ms = sum(r.propose_s for r in runs) / steps * 1000
     return tokens_per_step * curve.base_ms / (curve.ms(1 + drafted) + draft_ms)
@@ -203,7 +203,7 @@ def successive_halving(
         phase = "confirm" if confirming else f"round {round_number}"
         if not run_phase(phase, survivors, round_prompts, planned):
             outcome.complete = confirming
-            outcome.stop_reason = f"the budget ran out in the {phase} phase"
+            outcome.stop_reason = f"the budget ran out ({phase})"
             if confirming:  # rank on the prompts both the winner and vanilla ran on
                 used_prompts = [p for p in round_prompts if (survivors[0], p) in have and (VANILLA, p) in have]
             return _finish(outcome, runs, survivors, used_prompts), runs
