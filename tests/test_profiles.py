@@ -142,3 +142,31 @@ def test_auto_with_knobs_is_a_usage_error() -> None:
     result = invoke(["gen", "--method", "auto", "-O", "k=4", "hi"])
     assert result.exit_code == 2
     assert "with --method auto the knobs are chosen too" in result.stderr
+
+
+def test_a_wheel_ships_the_profiles_and_the_tuning_prompts(tmp_path: Path) -> None:
+    """A non-editable install finds them: built from a copy of the sources, as pip would."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("pardec_cli", "profiles"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", str(source), "-w", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+    )
+    if done.returncode != 0 and "No module named pip" in done.stderr:
+        pytest.skip("pip is not available")
+    assert done.returncode == 0, done.stderr
+    [wheel] = (tmp_path / "out").glob("pardec-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for profile in BUILTIN_PROFILES:
+        assert f"pardec_cli/profile_data/{profile}.toml" in names
+        assert f"pardec_cli/data/tune_prompts/{profile}.jsonl" in names
+    assert "pardec_cli/data/catalog.toml" in names

@@ -365,7 +365,8 @@ HELP_IMPORTS = r"""
 import json, sys
 from pardec_cli.cli.main import run
 report = {}
-for args in (["--help"], ["gen", "--help"], ["bench", "--help"], ["completion", "--help"]):
+for args in (["--help"], ["gen", "--help"], ["bench", "--help"], ["completion", "--help"], ["tune", "--help"],
+             ["doctor", "--help"]):
     code = run(args)
     report[" ".join(args)] = [code, sorted(m for m in ("torch", "transformers") if m in sys.modules)]
 print(json.dumps(report))
@@ -376,5 +377,6 @@ def test_help_imports_neither_torch_nor_transformers():
     done = subprocess.run([sys.executable, "-c", HELP_IMPORTS], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
-    assert report == {name: [0, []] for name in ("--help", "gen --help", "bench --help", "completion --help")}
+    assert report == {name: [0, []] for name in ("--help", "gen --help", "bench --help", "completion --help", "tune --help",
+                                                 "doctor --help")}
     assert "--jsonl" in done.stdout and "--each-line" in done.stdout and "completion" in done.stdout

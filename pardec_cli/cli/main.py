@@ -65,10 +65,13 @@ def cli() -> None:
 
     \b
     Examples:
-      pardec gen "Write a haiku about GPUs"          embedded SmolLM2-135M, prompt lookup
+      pardec gen "Write a haiku about GPUs"          embedded SmolLM2-135M, method chosen by auto
+      pardec gen --explain -P code "Write a sort"    why auto chose what it chose
       pardec gen --method layerskip -O layers=16 "Explain KV caches"
       cat notes.md | pardec gen "Summarise:"         stdin is appended to the prompt
-      pardec bench --prompts spec_bench.jsonl --methods vanilla,pld --baseline-hf
+      pardec tune --budget 20                        measure this machine; auto uses the results
+      pardec doctor                                  hardware, models, and auto's picks
+      pardec bench --prompts spec_bench.jsonl --methods auto,vanilla,pld --baseline-hf
 
     Greedy output of every method equals plain decoding; sampling keeps the model's
     distribution. `pardec methods` lists the methods and their knobs.
