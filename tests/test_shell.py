@@ -20,6 +20,7 @@ import pytest
 
 from pardec_cli.session import Session, TextStream
 from tests.cli_helpers import invoke
+from tests.conftest import TINY_CONTEXT
 
 RESULT_FIELDS = {"text", "model", "method", "knobs", "profile", "dtype", "device", "finish_reason", "stats"}
 STEP_FIELDS = {"type", "step", "text", "tokens", "drafted", "accepted", "propose_s", "verify_s", "elapsed_s"}
