@@ -113,7 +113,9 @@ class Choice:
         return lines
 
     def explain(self) -> str:
-        return "\n".join(["auto: " + self.reasons()[0].split(None, 1)[1], *self.reasons()[1:]])
+        """The reasons as one block, headed 'auto: LABEL'."""
+        first, *rest = self.reasons()
+        return "\n".join(["auto: " + first.split(None, 1)[1], *rest])
 
 
 # ------------------------------------------------------------------ the model
@@ -168,7 +170,7 @@ def select(
     if tuned is not None:
         measured_methods = {tc.method for tc in tuned.candidates}
         tc = tuned.best_candidate()
-        if tc is not None and tc.method != "vanilla" and _unavailable(tc.method, methods, accelerators) is None:
+        if tc is not None and tc.method != "vanilla" and unavailable_reason(tc.method, methods, accelerators) is None:
             tokens = tc.tokens_per_step if greedy else sampled_tokens(tc.tokens_per_step)
             speedup = tc.speedup * tokens / tc.tokens_per_step
             estimates.append(Estimate(tc.method, dict(tc.knobs), speedup, tokens, tokens / speedup, "tuned"))
@@ -177,7 +179,7 @@ def select(
         label = candidate.label
         if candidate.method == "vanilla" or candidate.method in measured_methods:
             continue  # the baseline is always there; tune measured this method here
-        why = _unavailable(candidate.method, methods, accelerators)
+        why = unavailable_reason(candidate.method, methods, accelerators)
         if why is not None:
             skipped.append((label, why))
             continue
@@ -202,7 +204,9 @@ def _dedupe(items: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [i for i in items if not (i in seen or seen.add(i))]
 
 
-def _unavailable(method: str, methods: Mapping[str, MethodSpec], accelerators: Sequence[InstalledAccelerator]) -> str | None:
+def unavailable_reason(
+    method: str, methods: Mapping[str, MethodSpec], accelerators: Sequence[InstalledAccelerator]
+) -> str | None:
     """Why `method` cannot run here (not registered, not combinable, accelerator missing), or None."""
     parts = method.split("+")
     for part in parts:

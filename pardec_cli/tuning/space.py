@@ -92,7 +92,7 @@ def candidate_pool(
     only: Sequence[str] = (),
 ) -> list[TuneCandidate]:
     """Seeds first (profile order), then their neighbours; each setting once."""
-    from pardec_cli.select import _unavailable  # the same filter auto applies
+    from pardec_cli.select import unavailable_reason  # the same filter auto applies
 
     seeds: list[TuneCandidate] = []
     listed = [(c.method, c.knobs) for c in profile.candidates_for(hardware)]
@@ -100,7 +100,7 @@ def candidate_pool(
     for method, knobs in listed:
         if only and method not in only:
             continue
-        if method == "vanilla" or _unavailable(method, methods, accelerators) is not None:
+        if method == "vanilla" or unavailable_reason(method, methods, accelerators) is not None:
             continue
         spec = methods[method.split("+")[0]]
         if "+" not in method and spec.accelerator is not None:
