@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--per-profile", type=int, default=8)
     parser.add_argument("-n", "--max-tokens", type=int, default=96)
     parser.add_argument("--only", default="", help="comma-separated method names to keep")
+    parser.add_argument("--profiles", default="code,chat,extraction", help="comma-separated profiles to measure")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -50,7 +51,7 @@ def main() -> None:
     session = Session.load(args.model, dtype=args.dtype, device="cpu")
     configs = [c for c in CONFIGS if not args.only or c[0] in args.only.split(",")]
     results = {}
-    for profile in ("code", "chat", "extraction"):
+    for profile in args.profiles.split(","):
         every = builtin_prompts(profile)
         prompts = every[:: max(len(every) // args.per_profile, 1)][: args.per_profile]  # spread over the set
         encoded = [session.encode(p.text) for p in prompts]
