@@ -196,12 +196,7 @@ def select(
     # Best first; on equal speed-up the earlier candidate (profile order) stays first.
     ranking = tuple(sorted(estimates, key=lambda e: -round(e.speedup, 6)))
     best = ranking[0]
-    return Choice(best.method, dict(best.knobs), profile.name, best, ranking, tuple(_dedupe(skipped)), curve, hardware)
-
-
-def _dedupe(items: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    seen: set[tuple[str, str]] = set()
-    return [i for i in items if not (i in seen or seen.add(i))]
+    return Choice(best.method, dict(best.knobs), profile.name, best, ranking, tuple(dict.fromkeys(skipped)), curve, hardware)
 
 
 def unavailable_reason(

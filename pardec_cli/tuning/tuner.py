@@ -177,12 +177,14 @@ class Tuner:
     def run(self) -> TunedResults:
         """Tune every requested profile; results are saved as they come."""
         started = self.clock()
+        todo = [name for name in self.request.profiles if not self._already_done(name)]
+        if not todo and self.results.curve is not None:
+            return self.results
         _, run_s = self.check_budget()
         if self.results.curve is None:
             self.results.curve = self._measure_curve()
             self._save()
         curve = self.results.curve
-        todo = [name for name in self.request.profiles if not self._already_done(name)]
         for index, name in enumerate(todo):
             left = self.request.budget_s - (self.clock() - started)
             share = left / (len(todo) - index)
