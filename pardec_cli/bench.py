@@ -23,6 +23,7 @@ from pardec_cli.errors import PardecUsageError
 HF_GREEDY = "hf"
 HF_PROMPT_LOOKUP = "hf-pld"
 OVERALL = "overall"
+AUTO = "auto"  # not a method: chosen per prompt by pardec_cli.select
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Run:
     drafted: int
     accepted: int
     token_ids: list[int]
+    chosen: str | None = None  # for `auto`: the method and knobs it chose for this prompt
 
 
 def load_prompts(path: Path) -> list[BenchPrompt]:
@@ -126,7 +128,11 @@ def parse_methods(text: str) -> list[MethodChoice]:
         if not match or match.end() == pos:
             raise PardecUsageError(f"cannot read the method list at {text[pos:]!r} (form: a,b[key=value,...],c)")
         name, knobs = match.group(1), match.group(2)
-        get_spec(name)  # unknown names fail here, before any model is loaded
+        if name == AUTO:
+            if knobs:
+                raise PardecUsageError("auto takes no knobs: it chooses them (per prompt)")
+        else:
+            get_spec(name)  # unknown names fail here, before any model is loaded
         options = parse_assignments(split_knobs(knobs)) if knobs else {}
         label = f"{name}[{knobs}]" if knobs else name
         choices.append(MethodChoice(label, name, options))
@@ -139,17 +145,28 @@ def parse_methods(text: str) -> list[MethodChoice]:
 class Bench:
     """Runs methods (and optional Hugging Face baselines) over prompts on one loaded model."""
 
-    def __init__(self, session: Any, choices: Sequence[MethodChoice], *, max_new_tokens: int, baseline_hf: bool) -> None:
+    def __init__(self, session: Any, choices: Sequence[MethodChoice], *, max_new_tokens: int, baseline_hf: bool,
+                 profile: str = "auto") -> None:
         from pardec_cli.methods.registry import get_spec
 
         for choice in choices:
-            get_spec(choice.name)  # fail fast on an unknown name
+            if choice.name != AUTO:
+                get_spec(choice.name)  # fail fast on an unknown name
         if "vanilla" not in [c.label for c in choices]:
             choices = [MethodChoice("vanilla", "vanilla"), *choices]
         self.session = session
         self.max_new_tokens = max_new_tokens
-        self.proposers = {c.label: session.build_proposer(c.name, c.options) for c in choices}
-        self.labels = list(self.proposers)
+        self.proposers = {c.label: session.build_proposer(c.name, c.options) for c in choices if c.name != AUTO}
+        self.labels = [c.label for c in choices]
+        # `auto` chooses per prompt (for `profile`, detected from the prompt when "auto"),
+        # through the same selector `pardec gen` uses; each choice is built once.
+        self.profile = profile
+        self.selector = None
+        if any(c.name == AUTO for c in choices):
+            from pardec_cli.select import AutoSelector
+
+            self.selector = AutoSelector.for_session(session)
+        self._auto_choices: dict[str, Any] = {}
         if baseline_hf:
             self.labels.append(HF_GREEDY)
             if any(c.name == "pld" for c in choices):
@@ -176,14 +193,29 @@ class Bench:
     def _run_one(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
         if label in (HF_GREEDY, HF_PROMPT_LOOKUP):
             return self._run_hf(label, prompt, ids, max_new_tokens)
-        start = perf_counter()
-        stream = self.session.stream(ids, max_new_tokens=max_new_tokens, proposer=self.proposers[label])
+        chosen = None
+        if label == AUTO:
+            # Choosing is part of what auto costs: it is timed with the generation.
+            start = perf_counter()
+            proposer, chosen = self._auto_proposer(prompt.text)
+        else:
+            proposer = self.proposers[label]
+            start = perf_counter()
+        stream = self.session.stream(ids, max_new_tokens=max_new_tokens, proposer=proposer)
         for _ in stream:
             pass
         seconds = perf_counter() - start
         s = stream.stats
         return Run(label, prompt.prompt_id, prompt.category, s.generated_tokens, seconds, s.steps,
-                   s.drafted_tokens, s.accepted_tokens, stream.token_ids)
+                   s.drafted_tokens, s.accepted_tokens, stream.token_ids, chosen)
+
+    def _auto_proposer(self, text: str) -> tuple[Any, str]:
+        """auto's proposer for this prompt, and the label of what it chose."""
+        assert self.selector is not None
+        choice = self.selector.choose(text, self.profile)
+        if choice.label not in self._auto_choices:
+            self._auto_choices[choice.label] = self.session.build_proposer(choice.method, choice.knobs)
+        return self._auto_choices[choice.label], choice.label
 
     def _run_hf(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
         import torch
@@ -287,6 +319,21 @@ def format_tables(table: dict[str, dict[str, Summary]]) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def format_auto_choices(runs: Sequence[Run]) -> str:
+    """Per category, what `auto` chose and how often: 'code_edit: suffix[max_nodes=8] x10'."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in runs:
+        if r.label == AUTO and r.chosen:
+            counts[r.category][r.chosen] += 1
+    if not counts:
+        return ""
+    lines = ["auto chose:"]
+    for category in sorted(counts):
+        picks = sorted(counts[category].items(), key=lambda kv: -kv[1])
+        lines.append(f"  {category}: " + ", ".join(f"{label} x{n}" for label, n in picks))
+    return "\n".join(lines) + "\n"
 
 
 def report_json(table: dict[str, dict[str, Summary]], runs: Sequence[Run], config: dict[str, Any]) -> dict[str, Any]:

@@ -5,8 +5,8 @@ Precedence for every option of every command, highest first:
     command-line flag  >  PARDEC_<COMMAND>_<OPTION> environment variable
     >  config file ([<command>] table, then top-level keys)  >  built-in default
 
-(task profiles, when they exist, sit between the config file and the built-in
-defaults). Click implements the first three levels itself: the file becomes its
+(the task profile of `gen`, `-P`, sits between the config file and the built-in
+defaults for the sampling options: `pardec_cli.profiles`). Click implements the first three levels itself: the file becomes its
 ``default_map`` and the environment its ``auto_envvar_prefix``; this module only reads
 and checks the file.
 

@@ -6,7 +6,12 @@ the function that needs it.
 
 - `cpu_info()` / `parse_cpuinfo(text)`: model name, logical cores, feature flags.
 - `total_ram_bytes()`, `available_ram_bytes()`: memory, or None when unknown.
-- `cuda_devices()`: name, memory and compute capability of each CUDA GPU.
+- `cuda_devices()`: name, memory and compute capability of each CUDA GPU (torch);
+  `probe_gpus()`: the same without torch where it can (nvidia-smi, or no NVIDIA driver).
+- `gpu_spec(name)`: bandwidth and compute of a known GPU (`KNOWN_GPUS`).
+- `describe(device, dtype, cpu, gpus)` -> `Hardware`: the hardware class and a speed
+  estimate for the cost model of `--method auto` (pure: tests simulate any machine);
+  `detect_hardware(device, dtype)` does the same for this machine.
 - `resolve_device(requested)`: "auto" | "cpu" | "cuda" | "cuda:N" | "mps" -> a device.
 - `resolve_dtype(requested, device)`: "auto" | a dtype name -> "float32" | "bfloat16" |
   "float16"; `torch_dtype(name)` turns such a name into a ``torch.dtype``.
@@ -168,6 +173,11 @@ class GpuInfo:
     total_memory_bytes: int
     capability: tuple[int, int]
 
+    @property
+    def has_bf16(self) -> bool:
+        """bfloat16 tensor cores: Ampere (compute capability 8.0) and later."""
+        return self.capability >= (8, 0)
+
 
 def cuda_devices() -> list[GpuInfo]:
     """The CUDA GPUs torch can see (imports torch); empty without CUDA."""
@@ -182,6 +192,283 @@ def cuda_devices() -> list[GpuInfo]:
             GpuInfo(index, props.name, int(props.total_memory), (props.major, props.minor))
         )
     return devices
+
+
+NVIDIA_DRIVER_PATH = Path("/proc/driver/nvidia/version")
+
+
+def parse_nvidia_smi(text: str) -> list[GpuInfo]:
+    """Parse ``nvidia-smi --query-gpu=index,name,memory.total,compute_cap
+    --format=csv,noheader,nounits`` output (memory in MiB)."""
+    devices = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4:
+            continue
+        try:
+            index, memory = int(parts[0]), int(float(parts[2])) * 1024 * 1024
+            major, _, minor = parts[3].partition(".")
+            capability = (int(major), int(minor or 0))
+        except ValueError:
+            continue
+        devices.append(GpuInfo(index, parts[1], memory, capability))
+    return devices
+
+
+def probe_gpus() -> list[GpuInfo]:
+    """The CUDA GPUs, importing torch only when there is no cheaper way to know.
+
+    No NVIDIA driver (and no ROCm) on the machine: no GPU, without importing torch.
+    nvidia-smi on the PATH: its answer. Otherwise torch is asked (`cuda_devices`).
+    """
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=index,name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout
+            return parse_nvidia_smi(out)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if not NVIDIA_DRIVER_PATH.exists() and not Path("/dev/kfd").exists():
+        return []
+    try:
+        return cuda_devices()
+    except ImportError:
+        return []
+
+
+# ------------------------------------------------------- speed of known hardware
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Published figures of a GPU model: memory bandwidth and dense 16-bit tensor throughput.
+
+    `tier` is "datacenter" (HBM, large memory) or "consumer". The figures are the
+    vendors' data-sheet numbers (dense, no sparsity); the cost model only needs their
+    order of magnitude, and `pardec tune` replaces them with measurements.
+    """
+
+    pattern: str  # matched case-insensitively against the device name, first match wins
+    bandwidth_gbs: float
+    tflops_16: float
+    tier: str
+
+
+# Order matters: more specific names first ("H100 PCIe" before "H100").
+KNOWN_GPUS: tuple[GpuSpec, ...] = (
+    GpuSpec("B200", 8000, 2250, "datacenter"),
+    GpuSpec("H200", 4800, 989, "datacenter"),
+    GpuSpec("GH200", 4000, 989, "datacenter"),
+    GpuSpec("H100 PCIe", 2000, 756, "datacenter"),
+    GpuSpec("H100 NVL", 3900, 835, "datacenter"),
+    GpuSpec("H100", 3350, 989, "datacenter"),
+    GpuSpec("H800", 3350, 989, "datacenter"),
+    GpuSpec("A100-SXM4-80GB", 2039, 312, "datacenter"),
+    GpuSpec("A100 80GB", 1935, 312, "datacenter"),
+    GpuSpec("A100", 1555, 312, "datacenter"),
+    GpuSpec("A800", 1935, 312, "datacenter"),
+    GpuSpec("L40S", 864, 362, "datacenter"),
+    GpuSpec("L40", 864, 181, "datacenter"),
+    GpuSpec("L4", 300, 121, "datacenter"),
+    GpuSpec("A10G", 600, 70, "datacenter"),
+    GpuSpec("A10", 600, 125, "datacenter"),
+    GpuSpec("V100", 900, 125, "datacenter"),
+    GpuSpec("T4", 320, 65, "datacenter"),
+    GpuSpec("MI300X", 5300, 1307, "datacenter"),
+    GpuSpec("MI250", 3200, 362, "datacenter"),
+    GpuSpec("RTX 5090", 1792, 209, "consumer"),
+    GpuSpec("RTX 5080", 960, 113, "consumer"),
+    GpuSpec("RTX 4090", 1008, 165, "consumer"),
+    GpuSpec("RTX 4080", 717, 97, "consumer"),
+    GpuSpec("RTX 4070", 504, 58, "consumer"),
+    GpuSpec("RTX 4060", 272, 30, "consumer"),
+    GpuSpec("RTX 6000 Ada", 960, 182, "consumer"),
+    GpuSpec("RTX A6000", 768, 155, "consumer"),
+    GpuSpec("RTX 3090", 936, 71, "consumer"),
+    GpuSpec("RTX 3080", 760, 59, "consumer"),
+    GpuSpec("RTX 3070", 448, 40, "consumer"),
+    GpuSpec("RTX 3060", 360, 25, "consumer"),
+    GpuSpec("RTX 2080", 448, 40, "consumer"),
+)
+
+# A GPU missing from the table: a middling consumer card, or a datacenter one when it
+# has as much memory as those have.
+UNKNOWN_GPU = GpuSpec("unknown", 500, 50, "consumer")
+UNKNOWN_BIG_GPU = GpuSpec("unknown", 1500, 300, "datacenter")
+
+
+def gpu_spec(name: str) -> GpuSpec | None:
+    """The `KNOWN_GPUS` row whose pattern occurs in `name` (case-insensitive), or None."""
+    lowered = name.lower()
+    return next((spec for spec in KNOWN_GPUS if spec.pattern.lower() in lowered), None)
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    """How fast a device runs one dtype, roughly: enough to rank decoding methods.
+
+    A forward of n new tokens through a model with P parameters of b bytes and L layers
+    is estimated as ``L * overhead_ms_per_layer + P*b / bandwidth + n * 2P / compute``:
+    a fixed launch/Python cost, the weights read once, and the arithmetic growing with n
+    (`pardec_cli.costmodel` turns this into a verification cost curve).
+    """
+
+    bandwidth_gbs: float
+    gflops: float
+    overhead_ms_per_layer: float
+    source: str
+
+
+# Effective (not peak) GFLOPS per CPU core, per dtype, by instruction set. Calibrated on
+# the two CPUs this project was measured on: an AVX2-only EPYC (float32 forward of
+# SmolLM2-135M: 54 ms for 1 token, +3.3 ms per extra token; bfloat16 emulated: +13 ms per
+# token) and an AMX Xeon (bfloat16: +0.4 ms per token).
+_CPU_GFLOPS_PER_CORE = {
+    "amx": {"float32": 60.0, "bfloat16": 340.0, "float16": 10.0},
+    "avx512_bf16": {"float32": 60.0, "bfloat16": 120.0, "float16": 10.0},
+    "avx512": {"float32": 60.0, "bfloat16": 10.0, "float16": 5.0},
+    "avx2": {"float32": 32.0, "bfloat16": 8.0, "float16": 4.0},
+    "other": {"float32": 15.0, "bfloat16": 4.0, "float16": 4.0},
+}
+_CPU_BANDWIDTH_PER_CORE_GBS = 5.0  # what a few cores of a shared server actually stream
+_CPU_BANDWIDTH_MAX_GBS = 60.0
+_CPU_OVERHEAD_MS_PER_LAYER = 0.15
+_GPU_OVERHEAD_MS_PER_LAYER = 0.3  # eager PyTorch kernel launches
+_GPU_EFFICIENCY = 0.5  # share of data-sheet bandwidth and compute eager PyTorch reaches
+
+
+def cpu_isa(cpu: CpuInfo) -> str:
+    """The CPU's best matmul instruction set: "amx", "avx512_bf16", "avx512", "avx2" or "other"."""
+    if cpu.has_amx_bf16:
+        return "amx"
+    if cpu.has_avx512_bf16:
+        return "avx512_bf16"
+    if cpu.has_avx512:
+        return "avx512"
+    if cpu.has_avx2:
+        return "avx2"
+    return "other"
+
+
+def cpu_estimate(cpu: CpuInfo, dtype: str) -> DeviceEstimate:
+    """Speed estimate of `cpu` in `dtype` (see `_CPU_GFLOPS_PER_CORE`)."""
+    isa = cpu_isa(cpu)
+    cores = max(cpu.logical_cores, 1)
+    return DeviceEstimate(
+        bandwidth_gbs=min(cores * _CPU_BANDWIDTH_PER_CORE_GBS, _CPU_BANDWIDTH_MAX_GBS),
+        gflops=cores * _CPU_GFLOPS_PER_CORE[isa][canonical_dtype(dtype)],
+        overhead_ms_per_layer=_CPU_OVERHEAD_MS_PER_LAYER,
+        source=f"{cores} {isa.upper().replace('_', '-')} core{'s' if cores > 1 else ''}",
+    )
+
+
+def gpu_estimate(gpu: GpuInfo, dtype: str) -> DeviceEstimate:
+    """Speed estimate of `gpu` in `dtype`, from `KNOWN_GPUS` (float32 runs at 1/8 the tensor rate)."""
+    spec = gpu_spec(gpu.name)
+    source = f"the {spec.pattern} data sheet" if spec else "a guess (GPU not in pardec's table)"
+    if spec is None:
+        spec = UNKNOWN_BIG_GPU if gpu.total_memory_bytes >= 40 * 1024**3 else UNKNOWN_GPU
+    tflops = spec.tflops_16 if canonical_dtype(dtype) != "float32" else spec.tflops_16 / 8
+    if canonical_dtype(dtype) == "bfloat16" and not gpu.has_bf16:
+        tflops /= 8  # no bf16 tensor cores: emulated
+    return DeviceEstimate(
+        bandwidth_gbs=spec.bandwidth_gbs * _GPU_EFFICIENCY,
+        gflops=tflops * 1000 * _GPU_EFFICIENCY,
+        overhead_ms_per_layer=_GPU_OVERHEAD_MS_PER_LAYER,
+        source=source,
+    )
+
+
+# ------------------------------------------------------------- hardware classes
+
+# Profiles list candidate methods per class (falling back to the family, then to
+# "default"); each class stands for one regime of the verification cost curve.
+HARDWARE_CLASSES: dict[str, str] = {
+    "gpu-datacenter": "HBM GPU: verifying 64 tokens costs about as much as one",
+    "gpu-consumer": "desktop GPU: verifying a few dozen tokens is nearly free",
+    "apple": "Apple GPU (MPS): unified memory, moderate parallel headroom",
+    "cpu-bf16": "CPU with bfloat16 in hardware (AMX, AVX512-bf16) running bf16: wide trees pay",
+    "cpu": "CPU in float32 (or 16-bit without hardware support): every extra token costs",
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Where a model runs, as `--method auto` needs to know it.
+
+    `device` and `dtype` are resolved ("cpu", "cuda:0"; "float32"...); `hw_class` is a
+    key of `HARDWARE_CLASSES` and `family` "gpu" or "cpu"; `name` names the device for
+    people and for keying tuned results.
+    """
+
+    device: str
+    dtype: str
+    hw_class: str
+    name: str
+    cpu: CpuInfo
+    estimate: DeviceEstimate
+    gpu: GpuInfo | None = None
+
+    @property
+    def family(self) -> str:
+        return "cpu" if self.hw_class.startswith("cpu") else "gpu"
+
+    @property
+    def key(self) -> str:
+        """Identifies the device for tuned results: results from another device never apply."""
+        return f"{self.device.split(':')[0]}:{self.name}"
+
+
+def describe(device: str, dtype: str, cpu: CpuInfo, gpus: list[GpuInfo] | tuple[GpuInfo, ...] = ()) -> Hardware:
+    """The `Hardware` for a resolved device and dtype on a machine with `cpu` and `gpus` (pure)."""
+    dtype = canonical_dtype(dtype)
+    kind, _, index_text = device.partition(":")
+    if kind == "cuda":
+        index = int(index_text or 0)
+        gpu = next((g for g in gpus if g.index == index), None) or GpuInfo(index, "unknown CUDA GPU", 0, (0, 0))
+        estimate = gpu_estimate(gpu, dtype)
+        spec = gpu_spec(gpu.name)
+        tier = spec.tier if spec else ("datacenter" if gpu.total_memory_bytes >= 40 * 1024**3 else "consumer")
+        return Hardware(device, dtype, f"gpu-{tier}", gpu.name, cpu, estimate, gpu)
+    if kind == "mps":
+        estimate = DeviceEstimate(200, 10000, _GPU_OVERHEAD_MS_PER_LAYER, "a guess for Apple GPUs")
+        return Hardware(device, dtype, "apple", "Apple GPU", cpu, estimate)
+    fast_half = dtype == "bfloat16" and cpu.has_fast_bf16
+    name = f"{cpu.model_name or 'unknown CPU'} ({cpu.logical_cores} cores)"
+    return Hardware("cpu", dtype, "cpu-bf16" if fast_half else "cpu", name, cpu, cpu_estimate(cpu, dtype))
+
+
+def detect_hardware(device: str = "auto", dtype: str = "auto") -> Hardware:
+    """This machine's `Hardware` for a `--device`/`--dtype` pair (imports torch only for GPUs)."""
+    cpu = cpu_info()
+    gpus = probe_gpus() if device != "cpu" else []
+    # Without a GPU driver "auto" is the CPU, known without torch; with one, torch decides
+    # (a CPU-only build of torch on a GPU machine runs on the CPU).
+    if device == "auto" and not gpus:
+        device = "cpu"
+    device = resolve_device(device)
+    if device == "cuda":
+        device = "cuda:0"
+    if (dtype or "auto") == "auto":
+        dtype = auto_dtype(device, cpu, gpus)
+    return describe(device, dtype, cpu, gpus)
+
+
+def auto_dtype(device: str, cpu: CpuInfo, gpus: list[GpuInfo] | tuple[GpuInfo, ...] = ()) -> str:
+    """What `--dtype auto` means for `device` (see `resolve_dtype`), from detected facts only."""
+    kind, _, index_text = device.partition(":")
+    if kind == "cuda":
+        gpu = next((g for g in gpus if g.index == int(index_text or 0)), None)
+        return "bfloat16" if gpu is None or gpu.has_bf16 else "float16"
+    if kind == "mps":
+        return "float16"
+    return "bfloat16" if cpu.has_fast_bf16 else "float32"
 
 
 def hardware_summary(include_gpu: bool = True) -> dict[str, Any]:
@@ -202,8 +489,9 @@ def hardware_summary(include_gpu: bool = True) -> dict[str, Any]:
                 "name": g.name,
                 "memory_bytes": g.total_memory_bytes,
                 "capability": f"{g.capability[0]}.{g.capability[1]}",
+                "bf16": g.has_bf16,
             }
-            for g in cuda_devices()
+            for g in probe_gpus()
         ]
     return summary
 
@@ -285,10 +573,7 @@ def resolve_dtype(requested: str, device: str, *, cpu: CpuInfo | None = None) ->
         import torch
 
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if kind == "mps":
-        return "float16"
-    info = cpu if cpu is not None else cpu_info()
-    return "bfloat16" if info.has_fast_bf16 else "float32"
+    return auto_dtype(kind, cpu if cpu is not None else cpu_info())
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pardec_cli.engine.events import FINISH_CANCELLED, FINISH_STOP, GenerationStats, StepEvent
@@ -100,16 +101,23 @@ class Session:
         dtype: str = "float32",
         device: str = "cpu",
         offline: bool | None = None,
+        model_path: Path | None = None,
+        model_repo: str | None = None,
     ) -> None:
         from pardec_cli.engine.model import LanguageModel
 
         self.target = LanguageModel(model)
         self.tokenizer = tokenizer
         self.model_name = model_name
+        # Where the weights came from (None for a model built in memory): `auto` reads
+        # tuned results and installed accelerators by them.
+        self.model_path = model_path
+        self.model_repo = model_repo
         self.dtype = dtype
         self.device = device
         self.offline = offline
         self._drafters: dict[str, tuple[Any, Any]] = {}
+        self._proposers: dict[tuple[str, str], Any] = {}
         self.method_name = "vanilla"
         self.method_options: dict[str, Any] = {}
         self.proposer = self._build("vanilla", {})
@@ -130,7 +138,8 @@ class Session:
         dtype = resolve_dtype(dtype, device)
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device)
-        return cls(model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline)
+        return cls(model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline,
+                   model_path=resolved.path, model_repo=resolved.repo)
 
     def _load_drafter(self, spec: str) -> tuple[Any, Any]:
         """Load (once) a second model on the target's device and dtype."""
@@ -155,9 +164,17 @@ class Session:
         return self._build(name, dict(options or {}))
 
     def set_method(self, name: str, options: Mapping[str, Any] | None = None) -> None:
-        """Switch the decoding method (validated; the old one stays if this fails)."""
-        proposer = self._build(name, dict(options or {}))
-        self.proposer, self.method_name, self.method_options = proposer, name, dict(options or {})
+        """Switch the decoding method (validated; the old one stays if this fails).
+
+        A method used before in this session with the same options is reused rather
+        than rebuilt (proposers reset per generation in `start()`), so switching per
+        prompt, as `--method auto` does over a batch, builds each method once.
+        """
+        options = dict(options or {})
+        key = (name, repr(sorted(options.items())))
+        proposer = self._proposers.get(key) or self._build(name, options)
+        self._proposers[key] = proposer
+        self.proposer, self.method_name, self.method_options = proposer, name, options
 
     # -- prompts ----------------------------------------------------------------------
 

@@ -3,6 +3,8 @@
 - Every test runs with its own empty pardec home, config dir and Hugging Face cache
   (``isolated_home``, autouse) and in offline mode: tests never touch the user's files
   and never reach the network.
+- ``tiny_cli_model`` (session scope): a tiny random Llama saved with the real SmolLM2
+  tokenizer and chat template, for CLI tests that need `-m DIR` to load in milliseconds.
 - ``embedded_model_dir`` (session scope) converts the embedded SmolLM2-135M model once
   per test run into a temporary pardec home and returns its directory; tests that need
   the real model (mark them ``@pytest.mark.real_model``) share it. It skips when the
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,3 +69,20 @@ def embedded_pardec_home(
 def embedded_model_dir(embedded_pardec_home: Path) -> Path:
     """The converted SmolLM2-135M-Instruct directory (float32 safetensors + tokenizer)."""
     return embedded_pardec_home / "models" / "smollm2-135m"
+
+
+TINY_CONTEXT = 1024
+
+
+@pytest.fixture(scope="session")
+def tiny_cli_model(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with the real SmolLM2 tokenizer and chat template, float32 on disk."""
+    from tests.tiny_models import tiny_llama
+
+    path = tmp_path_factory.mktemp("tiny-cli-model")
+    for file in embedded_model_dir.iterdir():
+        if file.is_file() and file.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+            shutil.copy(file, path / file.name)
+    vocab = json.loads((embedded_model_dir / "config.json").read_text())["vocab_size"]
+    tiny_llama(vocab=vocab, layers=2, hidden=32, max_positions=TINY_CONTEXT).save_pretrained(path)
+    return path

@@ -94,7 +94,7 @@ def test_options_complete():
 
 
 def test_method_names_come_from_the_registry():
-    assert values(complete("pardec gen --method ")) == method_names()
+    assert values(complete("pardec gen --method ")) == ["auto", *method_names()]
     assert values(complete("pardec gen --method la")) == ["layerskip"]
 
 
@@ -163,3 +163,12 @@ def test_real_process_answers_without_importing_torch(installed, line):
     assert heavy == "HEAVY []", "completion must not import torch or transformers"
     expected = {"pardec ": "plain,gen", "pardec gen --method ": "plain,layerskip", "pardec gen -m my": "plain,my-tiny"}
     assert expected[line] in answer
+
+
+def test_profile_names_complete_with_the_users_own():
+    from pardec_cli.profiles import user_profiles_dir
+
+    assert values(complete("pardec gen -P ")) == ["auto", "code", "chat", "extraction"]
+    user_profiles_dir().mkdir(parents=True)
+    (user_profiles_dir() / "math.toml").write_text("")
+    assert values(complete("pardec bench --profile m")) == ["math"]

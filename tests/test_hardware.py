@@ -215,3 +215,98 @@ def test_hardware_summary_without_gpu() -> None:
     summary = hardware.hardware_summary(include_gpu=False)
     assert summary["logical_cores"] >= 1
     assert "gpus" not in summary
+
+
+# ------------------------------------------------- GPUs, hardware classes, estimates
+
+H100 = hardware.GpuInfo(0, "NVIDIA H100 80GB HBM3", 80 * 1024**3, (9, 0))
+RTX_3060 = hardware.GpuInfo(0, "NVIDIA GeForce RTX 3060", 12 * 1024**3, (8, 6))
+T4 = hardware.GpuInfo(0, "Tesla T4", 15 * 1024**3, (7, 5))
+
+
+def test_bf16_support_follows_compute_capability() -> None:
+    assert H100.has_bf16 and RTX_3060.has_bf16
+    assert not T4.has_bf16
+
+
+def test_parse_nvidia_smi() -> None:
+    text = "0, NVIDIA H100 80GB HBM3, 81559, 9.0\n1, NVIDIA GeForce RTX 4090, 24564, 8.9\ngarbage line\n"
+    gpus = hardware.parse_nvidia_smi(text)
+    assert [g.name for g in gpus] == ["NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090"]
+    assert gpus[0].capability == (9, 0) and gpus[1].index == 1
+    assert gpus[0].total_memory_bytes == 81559 * 1024 * 1024
+
+
+def test_probe_gpus_without_a_driver_does_not_import_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(hardware, "NVIDIA_DRIVER_PATH", tmp_path / "no-driver")
+    monkeypatch.setattr(hardware, "cuda_devices", lambda: pytest.fail("torch must not be asked"))
+    if Path("/dev/kfd").exists():
+        pytest.skip("this machine has a ROCm device node")
+    assert hardware.probe_gpus() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "pattern", "tier"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100", "datacenter"),
+        ("NVIDIA H100 PCIe", "H100 PCIe", "datacenter"),
+        ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB", "datacenter"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090", "consumer"),
+        ("Tesla T4", "T4", "datacenter"),
+    ],
+)
+def test_known_gpu_table(name: str, pattern: str, tier: str) -> None:
+    spec = hardware.gpu_spec(name)
+    assert spec is not None and spec.pattern == pattern and spec.tier == tier
+    assert spec.bandwidth_gbs > 100 and spec.tflops_16 > 10
+
+
+def test_unknown_gpu_is_guessed_from_its_memory() -> None:
+    assert hardware.gpu_spec("Some Future GPU") is None
+    big = hardware.describe("cuda:0", "bfloat16", cpu(), [hardware.GpuInfo(0, "Some Future GPU", 96 * 1024**3, (10, 0))])
+    small = hardware.describe("cuda:0", "bfloat16", cpu(), [hardware.GpuInfo(0, "Some Future GPU", 8 * 1024**3, (8, 0))])
+    assert big.hw_class == "gpu-datacenter" and small.hw_class == "gpu-consumer"
+    assert "guess" in big.estimate.source
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "flags", "gpus", "expected"),
+    [
+        ("cuda:0", "bfloat16", (), [H100], "gpu-datacenter"),
+        ("cuda:0", "bfloat16", (), [RTX_3060], "gpu-consumer"),
+        ("mps", "float16", (), [], "apple"),
+        ("cpu", "bfloat16", ("avx2", "avx512f", "amx_bf16"), [], "cpu-bf16"),
+        ("cpu", "float32", ("avx2", "avx512f", "amx_bf16"), [], "cpu"),
+        ("cpu", "bfloat16", ("avx2",), [], "cpu"),  # bf16 without hardware support: no cheap width
+        ("cpu", "float32", ("avx2",), [], "cpu"),
+    ],
+)
+def test_hardware_classes(device, dtype, flags, gpus, expected) -> None:
+    hw = hardware.describe(device, dtype, cpu(*flags), gpus)
+    assert hw.hw_class == expected
+    assert hw.family == ("cpu" if expected.startswith("cpu") else "gpu")
+
+
+def test_estimates_rank_devices_sensibly() -> None:
+    h100 = hardware.describe("cuda:0", "bfloat16", cpu(), [H100]).estimate
+    rtx = hardware.describe("cuda:0", "bfloat16", cpu(), [RTX_3060]).estimate
+    amx = hardware.describe("cpu", "bfloat16", cpu("avx2", "avx512f", "amx_bf16")).estimate
+    avx2_bf16 = hardware.describe("cpu", "bfloat16", cpu("avx2")).estimate
+    avx2_f32 = hardware.describe("cpu", "float32", cpu("avx2")).estimate
+    assert h100.bandwidth_gbs > rtx.bandwidth_gbs > amx.bandwidth_gbs
+    assert h100.gflops > rtx.gflops > amx.gflops > avx2_f32.gflops > avx2_bf16.gflops
+
+
+def test_device_key_names_the_device_and_cores() -> None:
+    hw = hardware.describe("cpu", "float32", CpuInfo("AMD EPYC 7B13", 2, frozenset({"avx2"})))
+    assert hw.key == "cpu:AMD EPYC 7B13 (2 cores)"
+    assert hardware.describe("cuda:0", "bfloat16", cpu(), [H100]).key == "cuda:NVIDIA H100 80GB HBM3"
+
+
+def test_detect_hardware_on_this_machine_runs_without_torch_on_cpu() -> None:
+    hw = hardware.detect_hardware("cpu", "auto")
+    assert hw.device == "cpu" and hw.dtype in ("float32", "bfloat16")
+    assert hw.hw_class in hardware.HARDWARE_CLASSES

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,26 +20,10 @@ import pytest
 
 from pardec_cli.session import Session, TextStream
 from tests.cli_helpers import invoke
+from tests.conftest import TINY_CONTEXT
 
-RESULT_FIELDS = {"text", "model", "method", "knobs", "dtype", "device", "finish_reason", "stats"}
+RESULT_FIELDS = {"text", "model", "method", "knobs", "profile", "dtype", "device", "finish_reason", "stats"}
 STEP_FIELDS = {"type", "step", "text", "tokens", "drafted", "accepted", "propose_s", "verify_s", "elapsed_s"}
-TINY_CONTEXT = 1024
-
-
-@pytest.fixture(scope="session")
-def tiny_cli_model(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama with the real SmolLM2 tokenizer and chat template, float32 on disk."""
-    from tests.tiny_models import tiny_llama
-
-    path = tmp_path_factory.mktemp("tiny-cli-model")
-    for file in embedded_model_dir.iterdir():
-        if file.is_file() and file.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
-            shutil.copy(file, path / file.name)
-    vocab = json.loads((embedded_model_dir / "config.json").read_text())["vocab_size"]
-    tiny_llama(vocab=vocab, layers=2, hidden=32, max_positions=TINY_CONTEXT).save_pretrained(path)
-    return path
-
-
 def gen(model: Path, *args: str, input: str | None = None):
     return invoke(["gen", "-m", str(model), "--dtype", "float32", *args], input=input)
 
@@ -383,7 +366,8 @@ HELP_IMPORTS = r"""
 import json, sys
 from pardec_cli.cli.main import run
 report = {}
-for args in (["--help"], ["gen", "--help"], ["bench", "--help"], ["completion", "--help"]):
+for args in (["--help"], ["gen", "--help"], ["bench", "--help"], ["completion", "--help"], ["tune", "--help"],
+             ["doctor", "--help"]):
     code = run(args)
     report[" ".join(args)] = [code, sorted(m for m in ("torch", "transformers") if m in sys.modules)]
 print(json.dumps(report))
@@ -394,5 +378,6 @@ def test_help_imports_neither_torch_nor_transformers():
     done = subprocess.run([sys.executable, "-c", HELP_IMPORTS], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
-    assert report == {name: [0, []] for name in ("--help", "gen --help", "bench --help", "completion --help")}
+    assert report == {name: [0, []] for name in ("--help", "gen --help", "bench --help", "completion --help", "tune --help",
+                                                 "doctor --help")}
     assert "--jsonl" in done.stdout and "--each-line" in done.stdout and "completion" in done.stdout

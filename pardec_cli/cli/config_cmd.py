@@ -91,6 +91,14 @@ def show(ctx: click.Context, command_name: str | None, as_json: bool) -> None:
     unknown = sorted(set(sections.get(name, {})) - known)
     for key in unknown:
         click.echo(f"pardec: note: {key!r} in the config file is not an option of {name!r}", err=True)
+    if name == "gen":
+        from pardec_cli.cli.gen import PROFILE_SAMPLING_KEYS
+
+        profiled = [r["option"] for r in rows if r["source"] == "default" and r["option"].lstrip("-").replace("-", "_")
+                    in {*PROFILE_SAMPLING_KEYS, "temp"}]
+        if profiled:
+            click.echo(f"pardec: note: {', '.join(profiled)} at their default take the task profile's value "
+                       "when it has one (-P; see the README's task profiles)", err=True)
     if as_json:
         click.echo(json.dumps({"command": name, "options": rows, "unknown_keys": unknown}, indent=2))
         return

@@ -27,7 +27,14 @@ from typing import Any
 
 import click
 
-from pardec_cli.cli.options import build_method_options, method_options, model_options, sampling_options
+from pardec_cli.cli.options import (
+    AUTO,
+    build_method_options,
+    method_options,
+    model_options,
+    profile_option,
+    sampling_options,
+)
 from pardec_cli.cli.output import (
     InterruptGuard,
     is_terminal,
@@ -37,16 +44,20 @@ from pardec_cli.cli.output import (
     write_json_line,
 )
 from pardec_cli.errors import PardecError, PardecUsageError
+from pardec_cli.prompt_files import parse_prompt_line
 
 
 @click.command()
 @click.argument("prompt", nargs=-1)
 @model_options
 @method_options()
+@profile_option
 @sampling_options
 @click.option("-s", "--system", default=None, help="System prompt (through the model's chat template).")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
 @click.option("--stats", is_flag=True, help="Print speed and acceptance statistics to stderr.")
+@click.option("--explain", is_flag=True,
+              help="Print the method and profile used, and why (auto's cost-model reasons), to stderr.")
 @click.option("--no-stream", is_flag=True, help="Print the whole reply at the end instead of as it is generated.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object at the end: text, model, method, knobs, stats, finish reason.")
@@ -59,9 +70,9 @@ from pardec_cli.errors import PardecError, PardecUsageError
 @click.option("--each-line", is_flag=True,
               help="Run every non-empty line of stdin as its own prompt; one JSON line per result.")
 def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
-        method: str, method_opts: tuple[str, ...], draft_model: str | None,
+        method: str, method_opts: tuple[str, ...], draft_model: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
-        system: str | None, raw: bool, stats: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
+        system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
         prompts_file: Path | None, each_line: bool) -> None:
     """Generate a reply to PROMPT and stream it to stdout.
 
@@ -70,9 +81,14 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     stdin alone. With --prompts or --each-line, the arguments (if any) are put before
     every prompt.
 
+    With --method auto (the default) the method and its knobs are chosen per prompt
+    for this hardware and the prompt's task profile (-P; detected from the prompt when
+    auto), from measurements `pardec tune` saved when there are any; --explain says why.
+
     \b
     Examples:
       pardec gen "What is speculative decoding?"
+      pardec gen --explain -P code "Write a function that reverses a list"
       pardec gen --method layerskip -O layer_list=0-9,20-29 --stats "Explain the KV cache"
       pardec gen --method draft --draft-model smollm2-135m -m smollm2-1.7b "Hi"
       pardec gen --temp 0.7 --seed 1 --stop "\\n\\n" "Write a limerick"
@@ -104,15 +120,22 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
         stop=stop, system=system, raw=raw,
     )
     options = build_method_options(method, method_opts, draft_model)
+    user_set = options_set_by_user(click.get_current_context(), PROFILE_SAMPLING_KEYS)
+    load_profiles_checked(profile)  # a bad profile file or -P value fails before the model loads
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))
-        session.set_method(method, options)
+        planner = Planner(session, method=method, options=options, profile=profile, settings=settings,
+                          user_set=user_set, drafters=[draft_model] if draft_model and method == AUTO else [],
+                          explain=explain)
+        if not batch:
+            settings = planner.plan(text)
     with reader_may_leave():
         if batch:
-            run_batch(session, jobs, settings, steps=as_jsonl, stats=stats)
+            run_batch(session, jobs, planner, steps=as_jsonl, stats=stats)
         else:
             mode = "jsonl" if as_jsonl else "json" if as_json else "text"
-            run_single(session, text, settings, mode=mode, streaming=not no_stream, stats=stats)
+            run_single(session, text, settings, mode=mode, streaming=not no_stream, stats=stats,
+                       profile=planner.profile_used)
 
 
 @dataclass(frozen=True)
@@ -124,6 +147,89 @@ class Settings:
     stop: tuple[str, ...]
     system: str | None
     raw: bool
+
+
+# Options a profile's [sampling] table gives defaults for (parameter name -> profile key).
+PROFILE_SAMPLING_KEYS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+
+
+def options_set_by_user(ctx: click.Context, names: Any) -> set[str]:
+    """Which of `names` the user set: on the command line, in PARDEC_GEN_*, or in config.toml.
+
+    Only options left at their built-in default take the profile's value (the profile
+    sits between the config file and the built-in defaults).
+    """
+    from click.core import ParameterSource
+
+    return {name for name in names if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+
+
+def load_profiles_checked(profile: str) -> None:
+    """Read the profiles now (a broken file is one clear error) and check the -P value."""
+    from pardec_cli.profiles import get_profile, load_profiles
+
+    load_profiles()
+    if profile != AUTO:
+        get_profile(profile)
+
+
+class Planner:
+    """Per prompt: its profile (given, or detected), the settings (the profile's sampling
+    defaults for options the user left unset), and the method (given, or auto's choice),
+    which it makes the session's current method."""
+
+    def __init__(self, session: Any, *, method: str, options: dict[str, Any], profile: str, settings: Settings,
+                 user_set: set[str], drafters: list[str], explain: bool) -> None:
+        from pardec_cli.profiles import load_profiles
+
+        self.session = session
+        self.method, self.options, self.profile = method, options, profile
+        self.settings, self.user_set, self.explain = settings, user_set, explain
+        self.profiles = load_profiles()
+        self.selector = None
+        if method == AUTO:
+            from pardec_cli.select import AutoSelector
+
+            self.selector = AutoSelector.for_session(session, drafters=drafters)
+        else:
+            session.set_method(method, options)
+        self.profile_used: str | None = None
+
+    def plan(self, text: str, title: str | None = None) -> Settings:
+        """Settings for `text`; the session's method is set for it."""
+        from dataclasses import replace
+
+        from pardec_cli.tasks import detect_task
+
+        task = detect_task(text) if self.profile == AUTO else None
+        name = task.profile if task else self.profile
+        self.profile_used = name
+        defaults = {key: value for option, key in PROFILE_SAMPLING_KEYS.items()
+                    if option not in self.user_set and (value := self.profiles[name].sampling.get(key)) is not None}
+        settings = self.settings
+        if defaults:
+            sampling_keys = {k: v for k, v in defaults.items() if k != "max_tokens"}
+            settings = replace(
+                settings,
+                max_tokens=int(defaults.get("max_tokens", settings.max_tokens)),
+                sampling=replace(settings.sampling, **sampling_keys),
+            )
+        if self.selector is not None:
+            choice = self.selector.choose(text, name, greedy=settings.sampling.greedy)
+            choice = replace(choice, task=task)
+            self.session.set_method(choice.method, choice.knobs)
+            lines = choice.reasons()
+        else:
+            given = f"{name} (detected: {'; '.join(task.reasons)})" if task else f"{name} (given)"
+            lines = [f"method    {self.method} (given)", f"profile   {given}"]
+        if self.explain:
+            sampling = settings.sampling
+            mode = "greedy" if sampling.greedy else f"temperature {sampling.temperature:g}, top_p {sampling.top_p:g}, top_k {sampling.top_k}"
+            lines.append(f"sampling  {mode}, at most {settings.max_tokens} tokens")
+            header = [f"== {title}"] if title else []
+            for line in header + lines:
+                click.echo(line, err=True)
+        return settings
 
 
 @dataclass(frozen=True)
@@ -164,7 +270,8 @@ def generate(session: Any, text: str, settings: Settings, guard: InterruptGuard,
     return stream, interrupted, tail
 
 
-def run_single(session: Any, text: str, settings: Settings, *, mode: str, streaming: bool, stats: bool) -> None:
+def run_single(session: Any, text: str, settings: Settings, *, mode: str, streaming: bool, stats: bool,
+               profile: str | None = None) -> None:
     """Generate one reply and print it as `mode` says ("text", "json" or "jsonl")."""
     out = sys.stdout
 
@@ -180,9 +287,9 @@ def run_single(session: Any, text: str, settings: Settings, *, mode: str, stream
     with InterruptGuard() as guard:
         stream, interrupted, tail = generate(session, text, settings, guard, on_chunk)
     if mode == "json":
-        write_json_line(out, result_record(session, stream))
+        write_json_line(out, result_record(session, stream, profile))
     elif mode == "jsonl":
-        write_json_line(out, {"type": "result", **result_record(session, stream)})
+        write_json_line(out, {"type": "result", **result_record(session, stream, profile)})
     else:
         out.write(tail if streaming else stream.text)
         if stream.text and not stream.text.endswith("\n"):
@@ -194,7 +301,7 @@ def run_single(session: Any, text: str, settings: Settings, *, mode: str, stream
         raise KeyboardInterrupt
 
 
-def run_batch(session: Any, jobs: Iterator[BatchPrompt], settings: Settings, *, steps: bool, stats: bool) -> None:
+def run_batch(session: Any, jobs: Iterator[BatchPrompt], planner: Planner, *, steps: bool, stats: bool) -> None:
     """Generate a reply per prompt on the loaded model; one JSON line per prompt on stdout.
 
     A prompt that fails (too long for the context, empty) gets a line with an "error"
@@ -207,13 +314,14 @@ def run_batch(session: Any, jobs: Iterator[BatchPrompt], settings: Settings, *, 
             done += 1
             on_chunk = (lambda chunk, i=job.index: write_json_line(out, step_record(chunk, index=i))) if steps else None
             try:
+                settings = planner.plan(job.text, title=f"prompt {job.index} (id {job.id})")
                 stream, interrupted, _tail = generate(session, job.text, settings, guard, on_chunk)
             except PardecError as exc:
                 failed += 1
                 record = {**batch_fields(job), "error": exc.message}
                 write_json_line(out, {"type": "result", **record} if steps else record)
                 continue
-            record = {**batch_fields(job), **result_record(session, stream)}
+            record = {**batch_fields(job), **result_record(session, stream, planner.profile_used)}
             write_json_line(out, {"type": "result", **record} if steps else record)
             if stats:
                 print_stats(session, stream, title=f"prompt {job.index} (id {job.id})")
@@ -226,13 +334,14 @@ def run_batch(session: Any, jobs: Iterator[BatchPrompt], settings: Settings, *, 
 # -- records --------------------------------------------------------------------------
 
 
-def result_record(session: Any, stream: Any) -> dict[str, Any]:
+def result_record(session: Any, stream: Any, profile: str | None = None) -> dict[str, Any]:
     """The `--json` object for one generation."""
     return {
         "text": stream.text,
         "model": session.model_name,
         "method": session.method_name,
         "knobs": session.proposer.knobs(),
+        "profile": profile,
         "dtype": session.dtype,
         "device": session.device,
         "finish_reason": stream.finish_reason,
@@ -322,27 +431,3 @@ def _parse_jsonl(lines: Any, source: str, join: Callable[[str], str]) -> Iterato
         ident, text, category = parse_prompt_line(line, f"{source}:{number}")
         yield BatchPrompt(index, number if ident is None else ident, join(text), category)
         index += 1
-
-
-def parse_prompt_line(line: str, where: str) -> tuple[str | int | None, str, str | None]:
-    """(id, prompt, category) from one JSONL line: Spec-Bench ({"question_id", "category",
-    "turns": [first, ...]}; the first turn is used), HumanEval ({"task_id", "prompt"}),
-    {"prompt": ..., "id": ...}, or a bare JSON string."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise PardecUsageError(f"{where}: not valid JSON ({exc.msg})") from None
-    if isinstance(record, str):
-        return None, record, None
-    if not isinstance(record, dict):
-        raise PardecUsageError(f"{where}: expected a JSON object or string")
-    turns = record.get("turns")
-    if isinstance(turns, list) and turns and isinstance(turns[0], str):
-        text = turns[0]
-    elif isinstance(record.get("prompt"), str):
-        text = record["prompt"]
-    else:
-        raise PardecUsageError(f"{where}: expected a \"prompt\" string or a Spec-Bench \"turns\" list")
-    ident = next((record[key] for key in ("question_id", "task_id", "id") if isinstance(record.get(key), (str, int))), None)
-    category = record.get("category")
-    return ident, text, category if isinstance(category, str) else None

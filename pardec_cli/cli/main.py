@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("pardec_cli.cli.chat:chat", "Chat in a terminal UI and watch parallel decoding at work."),
     "bench": ("pardec_cli.cli.bench:bench", "Benchmark methods on a Spec-Bench-format prompt set."),
     "methods": ("pardec_cli.cli.methods:methods", "List decoding methods and their knobs."),
+    "doctor": ("pardec_cli.cli.doctor:doctor", "Show hardware, versions, models, and what --method auto would pick."),
+    "tune": ("pardec_cli.cli.tune:tune", "Measure this machine and find the fastest method knobs per task profile."),
     "config": ("pardec_cli.cli.config_cmd:config", "Show where pardec keeps its files and the option defaults in effect."),
     "pull": ("pardec_cli.cli.models:pull", "Download a model and its drafters/heads into the Hugging Face cache."),
     "list": ("pardec_cli.cli.models:list_models", "List the models on this machine (--json for JSON)."),
@@ -64,10 +66,13 @@ def cli() -> None:
 
     \b
     Examples:
-      pardec gen "Write a haiku about GPUs"          embedded SmolLM2-135M, prompt lookup
+      pardec gen "Write a haiku about GPUs"          embedded SmolLM2-135M, method chosen by auto
+      pardec gen --explain -P code "Write a sort"    why auto chose what it chose
       pardec gen --method layerskip -O layers=16 "Explain KV caches"
       cat notes.md | pardec gen "Summarise:"         stdin is appended to the prompt
-      pardec bench --prompts spec_bench.jsonl --methods vanilla,pld --baseline-hf
+      pardec tune --budget 20                        measure this machine; auto uses the results
+      pardec doctor                                  hardware, models, and auto's picks
+      pardec bench --prompts spec_bench.jsonl --methods auto,vanilla,pld --baseline-hf
 
     Greedy output of every method equals plain decoding; sampling keeps the model's
     distribution. `pardec methods` lists the methods and their knobs.

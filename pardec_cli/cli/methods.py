@@ -35,5 +35,6 @@ def methods(as_json: bool) -> None:
             click.echo(f"    -O {knob:<{knob_width}}  {option.help}{default}")
     click.echo(
         "\nDraft-free methods combine into one tree verified in one pass: --method suffix+recycling,\n"
-        "with knobs per part as -O recycling.nodes=16 (a plain -O nodes=16 goes to every part that has it)."
+        "with knobs per part as -O recycling.nodes=16 (a plain -O nodes=16 goes to every part that has it).\n"
+        "--method auto (the default) chooses a method and knobs per prompt; `pardec doctor` shows what it would pick."
     )

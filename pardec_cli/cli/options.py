@@ -13,15 +13,41 @@ from pardec_cli.methods.registry import method_names
 F = Callable[..., Any]
 
 
+AUTO = "auto"
+
+
 class MethodName(click.ParamType):
-    """A registered method name; validated when the method is built (clear error, close-match hint)."""
+    """"auto" or a registered method name; validated when the method is built (clear
+    error, close-match hint)."""
 
     name = "METHOD"
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
         from click.shell_completion import CompletionItem
 
-        return [CompletionItem(name) for name in method_names() if name.startswith(incomplete)]
+        return [CompletionItem(name) for name in [AUTO, *method_names()] if name.startswith(incomplete)]
+
+
+class ProfileName(click.ParamType):
+    """"auto" or a task profile (built-in or the user's); validated once the command runs."""
+
+    name = "PROFILE"
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        from pardec_cli.profiles import profile_names
+
+        return [CompletionItem(name) for name in [AUTO, *profile_names()] if name.startswith(incomplete)]
+
+
+def profile_option(f: F) -> F:
+    """-P/--profile: the task profile (sampling defaults, auto's candidate methods)."""
+    return click.option(
+        "-P", "--profile", default=AUTO, show_default=True, type=ProfileName(),
+        help="Task profile: code, chat, extraction (or one of yours), or auto to detect it from the prompt. "
+        "Sets sampling defaults for options you leave unset, and the methods --method auto weighs.",
+    )(f)
 
 
 def model_options(f: F) -> F:
@@ -44,13 +70,14 @@ def model_options(f: F) -> F:
     return f
 
 
-def method_options(default: str = "pld") -> Callable[[F], F]:
+def method_options(default: str = AUTO) -> Callable[[F], F]:
     """--method, -O/--option KEY=VALUE, --draft-model."""
 
     def decorate(f: F) -> F:
         f = click.option(
             "--draft-model", default=None, metavar="MODEL", shell_complete=complete_model,
-            help="Draft model for --method draft (same tokenizer as the target).",
+            help="Draft model for --method draft (same tokenizer as the target); with --method auto, "
+            "a drafter auto may choose.",
         )(f)
         f = click.option(
             "-O", "--option", "method_opts", multiple=True, metavar="KEY=VALUE",
@@ -58,7 +85,8 @@ def method_options(default: str = "pld") -> Callable[[F], F]:
         )(f)
         f = click.option(
             "--method", default=default, show_default=True, type=MethodName(),
-            help="Decoding method: " + ", ".join(method_names()) + ".",
+            help="Decoding method: auto (chosen per prompt for this hardware and task; see --explain), "
+            + ", ".join(method_names()) + ".",
         )(f)
         return f
 
@@ -82,6 +110,13 @@ def build_method_options(method: str, method_opts: tuple[str, ...], draft_model:
     from pardec_cli.methods.options import parse_assignments
 
     options: dict[str, Any] = parse_assignments(method_opts)
+    if method == AUTO:
+        if options:
+            raise PardecUsageError(
+                "-O sets a knob of a named method; with --method auto the knobs are chosen too",
+                hint="name the method (--method pld -O num_draft=8), or see auto's choice with --explain",
+            )
+        return options  # --draft-model, if any, is a drafter auto may use
     if draft_model:
         if method != "draft":
             raise PardecUsageError(f"--draft-model is for --method draft, not {method!r}")

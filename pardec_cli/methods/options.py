@@ -14,12 +14,17 @@ from pardec_cli.errors import PardecUsageError
 
 @dataclass(frozen=True)
 class MethodOption:
-    """One knob of a method. `kind` is int, float, bool or str."""
+    """One knob of a method. `kind` is int, float, bool or str.
+
+    `search` lists the values `pardec tune` may try, in increasing order (empty: tune
+    leaves the knob at what the profile or the default says).
+    """
 
     name: str
     kind: type
     default: Any
     help: str
+    search: tuple[Any, ...] = ()
 
 
 def parse_value(option: MethodOption, raw: Any) -> Any:

@@ -36,13 +36,16 @@ class MethodSpec:
     # "eagle", "eagle3"), or None for methods that need no extra weights. `auto`
     # selection reads this to know which methods the installed accelerators enable.
     accelerator: str | None = None
+    # The knob that names which installed accelerator to use (draft: "model"), so that
+    # `auto` can choose among several; None when the method finds its own.
+    accelerator_option: str | None = None
     combinable: bool = False  # drafts deterministically without a second model: may join a `+` combination
 
 
 _ADAPTIVE_DRAFT = (
-    MethodOption("k", int, 4, "initial draft length"),
+    MethodOption("k", int, 4, "initial draft length", search=(2, 3, 4, 6, 8)),
     MethodOption("min_k", int, 1, "shortest draft when acceptance is low"),
-    MethodOption("max_k", int, 12, "longest draft when acceptance is high"),
+    MethodOption("max_k", int, 12, "longest draft when acceptance is high", search=(4, 6, 8, 12, 16)),
     MethodOption("adaptive", bool, True, "grow the draft by 2 after a full accept, shrink by 1 after a rejection"),
 )
 
@@ -61,9 +64,9 @@ METHODS: dict[str, MethodSpec] = {
             (
                 MethodOption("max_ngram", int, 3, "longest n-gram to match"),
                 MethodOption("min_ngram", int, 1, "shortest n-gram to match"),
-                MethodOption("num_draft", int, 10, "tokens to copy after a match"),
+                MethodOption("num_draft", int, 10, "tokens to copy after a match", search=(3, 4, 6, 8, 10, 12, 16, 24)),
                 MethodOption("prefer", str, "first", "which earlier occurrence to copy from: first or recent"),
-                MethodOption("branches", int, 1, "earlier matches to draft from, as a tree (1: a chain)"),
+                MethodOption("branches", int, 1, "earlier matches to draft from, as a tree (1: a chain)", search=(1, 2, 4)),
             ),
             combinable=True,
         ),
@@ -73,6 +76,7 @@ METHODS: dict[str, MethodSpec] = {
             "pardec_cli.methods.draft_model:DraftModel",
             (MethodOption("model", str, None, "the draft model (alias, Hub id or directory)"), *_ADAPTIVE_DRAFT),
             accelerator="drafter",
+            accelerator_option="model",
         ),
         MethodSpec(
             "layerskip",
@@ -88,7 +92,7 @@ METHODS: dict[str, MethodSpec] = {
             "jacobi",
             "Jacobi iteration: a window of guesses refined by every forward; its fixed-point prefix is kept",
             "pardec_cli.methods.jacobi:Jacobi",
-            (MethodOption("window", int, 8, "guessed tokens verified per step"),),
+            (MethodOption("window", int, 8, "guessed tokens verified per step", search=(2, 3, 4, 6, 8, 12)),),
             combinable=True,
         ),
         MethodSpec(
@@ -96,9 +100,9 @@ METHODS: dict[str, MethodSpec] = {
             "lookahead decoding: a 2-D Jacobi window harvests n-grams; matching ones are verified in the same pass",
             "pardec_cli.methods.lookahead:Lookahead",
             (
-                MethodOption("window", int, 6, "W: Jacobi window width (columns)"),
-                MethodOption("ngram", int, 4, "N: n-gram size (the window keeps N-1 levels)"),
-                MethodOption("guesses", int, 6, "G: most n-grams verified per step"),
+                MethodOption("window", int, 6, "W: Jacobi window width (columns)", search=(2, 3, 4, 6, 8, 10, 15)),
+                MethodOption("ngram", int, 4, "N: n-gram size (the window keeps N-1 levels)", search=(2, 3, 4, 5, 6)),
+                MethodOption("guesses", int, 6, "G: most n-grams verified per step", search=(1, 2, 3, 4, 6, 8, 10, 15)),
                 MethodOption("prompt_pool", bool, True, "also pool the n-grams of the prompt and the output"),
             ),
             combinable=True,
@@ -109,8 +113,8 @@ METHODS: dict[str, MethodSpec] = {
             "pardec_cli.methods.recycling:TokenRecycling",
             (
                 MethodOption("topk", int, 8, "next-token candidates kept per token (widest branching)"),
-                MethodOption("nodes", int, 32, "tree size (candidates verified per step)"),
-                MethodOption("depth", int, 6, "longest path in the tree"),
+                MethodOption("nodes", int, 32, "tree size (candidates verified per step)", search=(4, 6, 8, 12, 16, 24, 32, 48, 64, 96)),
+                MethodOption("depth", int, 6, "longest path in the tree", search=(3, 4, 5, 6, 8, 10)),
             ),
             combinable=True,
         ),
@@ -122,7 +126,7 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("depth", int, 24, "longest substring the suffix tries index"),
                 MethodOption("max_match", int, 12, "longest context suffix to match (at most depth - 1)"),
                 MethodOption("factor", float, 4.0, "tree nodes per matched token"),
-                MethodOption("max_nodes", int, 32, "largest tree"),
+                MethodOption("max_nodes", int, 32, "largest tree", search=(4, 6, 8, 12, 16, 24, 32, 48, 64, 96)),
                 MethodOption("min_prob", float, 0.1, "least estimated probability of a drafted branch"),
                 MethodOption("history_tokens", int, 16384, "tokens of this method's earlier outputs to match too (0: none)"),
             ),
@@ -148,7 +152,7 @@ def get_spec(name: str) -> MethodSpec:
         if len({part.name for part in parts}) != len(parts):
             raise PardecUsageError(f"method {name!r} names a part twice")
         options = tuple(
-            MethodOption(f"{part.name}.{o.name}", o.kind, o.default, o.help) for part in parts for o in part.options
+            MethodOption(f"{part.name}.{o.name}", o.kind, o.default, o.help, o.search) for part in parts for o in part.options
         )
         return MethodSpec(name, "combination: " + " + ".join(p.name for p in parts), "pardec_cli.methods.combine:Combined", options)
     return _get_single(name)

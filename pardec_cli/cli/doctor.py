@@ -1,0 +1,112 @@
+"""`pardec doctor`: what pardec sees on this machine, and what `--method auto` would do."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from pardec_cli.cli.completion import complete_model
+
+
+def _gib(n: int | None) -> str:
+    return "?" if not n else f"{n / 1024**3:.1f} GiB"
+
+
+def _params(n: int | None) -> str:
+    if not n:
+        return "? parameters"
+    return f"{n / 1e9:.2f}B parameters" if n >= 1e9 else f"{n / 1e6:.1f}M parameters"
+
+
+@click.command()
+@click.option("-m", "--model", "model", default=None, metavar="MODEL", shell_complete=complete_model,
+              help="The model to report auto's choices for. Default: the embedded SmolLM2-135M-Instruct.")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]", help="As for pardec gen.")
+@click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+              help="As for pardec gen.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def doctor(model: str | None, device: str, dtype: str, as_json: bool) -> None:
+    """Show the hardware, versions, models and accelerators pardec sees, and what
+    --method auto would pick for each task profile with MODEL (and why: tuned
+    measurements or profile priors).
+
+    On a machine without a GPU driver this does not import torch, so it answers at once.
+    """
+    from pardec_cli import doctor as report_lib
+
+    machine, hardware = report_lib.machine(device, dtype)
+    report = {
+        "versions": report_lib.versions(),
+        "machine": machine,
+        "models": report_lib.models(),
+        "profiles": report_lib.profiles_report(),
+        "model": report_lib.auto_report(model, hardware),
+    }
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for line in format_report(report):
+        click.echo(line)
+
+
+def format_report(report: dict[str, Any]) -> list[str]:
+    """The text report, a few aligned lines per section."""
+    v, m = report["versions"], report["machine"]
+    torch = v["torch"] or "not installed"
+    if v["torch"]:
+        torch += f" (CUDA {v['torch_cuda']})" if v["torch_cuda"] else f" (ROCm {v['torch_rocm']})" if v["torch_rocm"] else " (CPU build)"
+    lines = [
+        f"pardec {v['pardec']} · Python {v['python']} · torch {torch} · transformers {v['transformers'] or 'not installed'}",
+        "",
+        "machine",
+    ]
+    cpu = m["cpu"]
+    features = [name for key, name in (("avx2", "AVX2"), ("avx512", "AVX512"), ("avx512_bf16", "AVX512-bf16"), ("amx_bf16", "AMX-bf16")) if cpu[key]]
+    lines.append(f"  cpu       {cpu['model'] or 'unknown'}, {cpu['logical_cores']} logical cores; "
+                 f"{', '.join(features) or 'no AVX2/AVX512/AMX'}")
+    lines.append(f"  memory    {_gib(m['ram_bytes'])} ({_gib(m['ram_available_bytes'])} available)")
+    if m["gpus"]:
+        for g in m["gpus"]:
+            lines.append(f"  gpu {g['index']}     {g['name']}, {_gib(g['memory_bytes'])}, compute {g['capability']}, "
+                         f"bf16 {'yes' if g['bf16'] else 'no'}")
+    else:
+        lines.append("  gpus      none")
+    est = m["estimate"]
+    lines.append(f"  runs on   {m['device']} in {m['dtype']} (class {m['hardware_class']}; estimate from "
+                 f"{est['source']}: ~{est['bandwidth_gbs']:g} GB/s, ~{est['gflops']:g} GFLOPS)")
+    lines += ["", "models"]
+    if report["models"]:
+        for model in report["models"]:
+            accs = ", ".join(f"{a['name']} ({a['kind']}, {a['status']})" for a in model["accelerators"]) or "no accelerators"
+            lines.append(f"  {model['name']:<24} {model['source']:<9} {accs}")
+    else:
+        lines.append("  none yet (the embedded model is converted on first use; `pardec pull MODEL` adds more)")
+    profiles = report["profiles"]
+    names = ", ".join(f"{n}{'' if len(p['sources']) == 1 and 'built-in' in p['sources'][0] else ' (yours)'}"
+                      for n, p in profiles["profiles"].items())
+    lines += ["", f"profiles    {names}   (your own: {profiles['user_dir']})"]
+    lines += _model_lines(report["model"])
+    return lines
+
+
+def _model_lines(model: dict[str, Any]) -> list[str]:
+    lines = ["", f"auto with {model['name']}"]
+    if model.get("problem"):
+        return [*lines, f"  {model['problem']}"]
+    lines[-1] += f" ({_params(model.get('parameters'))}, {model.get('layers')} layers)"
+    accs = ", ".join(f"{a['ref']} ({a['kind']})" for a in model["accelerators"]) or "none installed"
+    lines.append(f"  accelerators  {accs}")
+    tuned = model["tuned"]
+    lines.append(f"  tuned         {'profiles ' + ', '.join(tuned['profiles']) + ' on ' + tuned['updated'][:10] if tuned else 'not yet (`pardec tune`)'}")
+    curve = model.get("curve")
+    if curve:
+        rel = ", ".join(f"{n}: {r}x" for n, r in curve["relative"].items())
+        lines.append(f"  cost curve    verifying n tokens costs {rel} one ({curve['source']})")
+    for note in model.get("notes", []):
+        lines.append(f"  note          {note}")
+    for profile, pick in model["auto"].items():
+        basis = {"tuned": "measured", "prior": "profile prior", "baseline": "nothing expected to beat it"}[pick["basis"]]
+        lines.append(f"  {profile:<13} {pick['label']:<40} {pick['expected_speedup']:.2f}x expected ({basis})")
+    return lines

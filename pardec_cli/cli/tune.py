@@ -1,0 +1,236 @@
+"""`pardec tune`: measure this machine and find the fastest method knobs per task profile."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import click
+
+from pardec_cli.cli.options import model_options
+from pardec_cli.cli.output import is_terminal, loading_status
+
+
+class ProfileOrAll(click.ParamType):
+    """A profile name or "all"."""
+
+    name = "PROFILE|all"
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        from pardec_cli.profiles import profile_names
+
+        return [CompletionItem(n) for n in ["all", *profile_names()] if n.startswith(incomplete)]
+
+
+@click.command()
+@model_options
+@click.option("-P", "--profile", "profile", default="all", show_default=True, type=ProfileOrAll(),
+              help="The task profile to tune, or all.")
+@click.option("--budget", type=click.FloatRange(min=0.0, min_open=True), default=10.0, show_default=True, metavar="MINUTES",
+              help="Time to spend measuring, all profiles together.")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              metavar="FILE.jsonl", help="Tune on these prompts (as `gen --prompts` reads them) instead of the built-in "
+              "sets; with several profiles each prompt goes to its detected profile.")
+@click.option("--methods", "methods_text", default="", metavar="LIST", help="Only these methods (comma-separated names).")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=8), default=96, show_default=True,
+              help="Tokens generated per measured run.")
+@click.option("--show", is_flag=True, help="Print the saved results (all models) and exit.")
+@click.option("--reset", is_flag=True, help="Remove MODEL's saved results (every device and dtype) and exit.")
+@click.option("--json", "as_json", is_flag=True, help="With --show: print the results as JSON.")
+def tune(model: str | None, dtype: str, device: str, offline: bool | None, profile: str, budget: float,
+         prompts_file: Path | None, methods_text: str, max_tokens: int, show: bool, reset: bool, as_json: bool) -> None:
+    """Find the fastest method and knobs for MODEL on this machine, per task profile.
+
+    First the verification cost curve is measured (a forward over 1..64 new tokens);
+    then per profile the profile's candidate methods and their neighbouring knob
+    settings are screened on a prompt (the curve predicts their speed from exact
+    token counts; the slow ones go) and the rest compete by successive halving on more
+    and more prompts, each run timed end to end against plain decoding and its output
+    checked against plain decoding's. Results are saved per model, device and dtype
+    under the pardec home, as they are measured: Ctrl-C keeps them, and running the
+    same command again resumes. `--method auto` and `pardec doctor` use them from then
+    on; results for another device, dtype or version of the model are never used.
+
+    \b
+    Examples:
+      pardec tune --budget 20                 every profile, 20 minutes in all
+      pardec tune -P code --methods pld,suffix
+      pardec tune --show
+      pardec tune --reset
+    """
+    from pardec_cli.errors import PardecUsageError
+
+    if show and reset:
+        raise PardecUsageError("--show and --reset cannot be combined")
+    if as_json and not show:
+        raise PardecUsageError("--json goes with --show")
+    if show:
+        show_results(model, device, dtype, as_json)
+        return
+    if reset:
+        reset_results(model)
+        return
+    run_tune(model, dtype, device, offline, profile, budget, prompts_file, methods_text, max_tokens)
+
+
+def _model_key(model: str | None, device: str, dtype: str) -> tuple[str, str | None, str, str]:
+    """(name, fingerprint or None, device key, dtype) of MODEL here, without loading it."""
+    from pardec_cli.doctor import find_model
+    from pardec_cli.hardware import detect_hardware
+    from pardec_cli.tuning.results import fingerprint_directory
+
+    name, path, _repo = find_model(model)
+    hardware = detect_hardware(device, dtype)
+    return name, fingerprint_directory(path) if path else None, hardware.key, hardware.dtype
+
+
+def show_results(model: str | None, device: str, dtype: str, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    from pardec_cli.tuning.results import all_results, tuned_dir
+    from pardec_cli.tuning.tuner import describe_results
+
+    found = all_results()
+    name, fingerprint, device_key, dtype_name = _model_key(model, device, dtype)
+    if model is not None:
+        found = [r for r in found if r.model == name or r.fingerprint == fingerprint]
+    if as_json:
+        data = []
+        for r in found:
+            item = asdict(r)
+            item["path"] = str(r.path)
+            item["curve"] = r.curve.to_dict() if r.curve else None
+            item["applies_here"] = r.matches(fingerprint or "", device_key, dtype_name)
+            data.append(item)
+        click.echo(json.dumps(data, indent=1))
+        return
+    if not found:
+        click.echo(f"no tuned results yet (in {tuned_dir()}): `pardec tune` measures them")
+        return
+    for index, results in enumerate(found):
+        if index:
+            click.echo()
+        applies = results.matches(fingerprint or "", device_key, dtype_name) if results.model == name or \
+            results.fingerprint == fingerprint else None
+        for line in describe_results(results, applies=applies):
+            click.echo(line)
+
+
+def reset_results(model: str | None) -> None:
+    from pardec_cli.doctor import find_model
+    from pardec_cli.tuning.results import all_results, fingerprint_directory, remove_results
+
+    name, path, _repo = find_model(model)
+    fingerprint = fingerprint_directory(path) if path else None
+    mine = [r for r in all_results() if r.model == name or (fingerprint and r.fingerprint == fingerprint)]
+    if not mine:
+        click.echo(f"no tuned results for {name}: nothing to remove")
+        return
+    for removed in remove_results(mine):
+        click.echo(f"removed {removed}")
+
+
+def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, profile: str, budget: float,
+             prompts_file: Path | None, methods_text: str, max_tokens: int) -> None:
+    from pardec_cli.cli.gen import load_profiles_checked
+    from pardec_cli.errors import PardecUsageError
+    from pardec_cli.methods.registry import get_spec
+    from pardec_cli.profiles import load_profiles
+    from pardec_cli.session import Session
+    from pardec_cli.tuning.tuner import Tuner, TuneRequest, describe_results
+
+    methods = [m.strip() for m in methods_text.split(",") if m.strip()]
+    for name in methods:
+        if name == "auto":
+            raise PardecUsageError("--methods takes method names; auto is what tune informs")
+        get_spec(name)  # unknown names fail before the model loads
+    if profile != "all":
+        load_profiles_checked(profile)
+    profiles = list(load_profiles()) if profile == "all" else [profile]
+    request = TuneRequest(profiles, budget * 60, max_tokens, prompts_file, methods)
+    with loading_status("loading model"):
+        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))
+    tuner = Tuner(session, request, on_event=ProgressView(budget * 60).show)
+    click.echo(f"pardec tune: {session.model_name} in {session.dtype} on {tuner.hardware.name}; "
+               f"{', '.join(profiles)}; budget {budget:g} min", err=True)
+    try:
+        results = tuner.run()
+    except KeyboardInterrupt:
+        ProgressView.clear()
+        path = tuner.results.path
+        runs = sum(len(p.runs) for p in tuner.results.profiles.values())
+        where = f" in {path}" if path else ""
+        click.echo(f"pardec: interrupted: {runs} measured runs kept{where}; run the same command again to resume",
+                   err=True)
+        raise
+    ProgressView.clear()
+    for line in describe_results(results, applies=True):
+        click.echo(line)
+    from pardec_cli.select import AutoSelector
+
+    selector = AutoSelector.for_session(session)
+    click.echo("auto now picks:")
+    for name in profiles:
+        choice = selector.choose(None, name)
+        click.echo(f"  {name:<10} {choice.label} ({choice.estimate.speedup:.2f}x, {choice.estimate.basis})")
+
+
+class ProgressView:
+    """One status line on a terminal (bar, ETA, best so far); a line per phase in a pipe."""
+
+    tty = False
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s = budget_s
+        self.start = perf_counter()
+        self.phase: tuple[str | None, str] | None = None
+        ProgressView.tty = is_terminal(sys.stderr)
+
+    @classmethod
+    def clear(cls) -> None:
+        if cls.tty:
+            click.echo("\r\033[K", err=True, nl=False)
+
+    def _line(self, text: str) -> None:
+        if self.tty:
+            width = 118
+            click.echo("\r\033[K" + text[:width], err=True, nl=False)
+
+    def show(self, event: Any) -> None:
+        elapsed = perf_counter() - self.start
+        if event.stage == "curve":
+            self._line(f"cost curve {_bar(event.done, event.total)} {event.done}/{event.total}  {_clock(elapsed)}")
+            if not self.tty and event.done == event.total:
+                click.echo(f"pardec: cost curve measured ({_clock(elapsed)})", err=True)
+            return
+        if event.stage in ("skip", "note", "done"):
+            self.clear()
+            text = event.message if event.stage != "done" else \
+                f"{event.profile}: search {'finished' if event.message == 'done' else 'stopped: ' + event.message} ({_clock(event.done)})"
+            click.echo(f"pardec: {text}", err=True)
+            return
+        progress = event.progress
+        phase = (event.profile, progress.phase)
+        if phase != self.phase and not self.tty:
+            click.echo(f"pardec: {event.profile}: {progress.phase}", err=True)
+        self.phase = phase
+        best = f"best {progress.best} {progress.best_speedup:.2f}x" if progress.best and progress.best_speedup else "best -"
+        left = min(progress.remaining_s, self.budget_s - elapsed)
+        self._line(f"{event.profile} {progress.phase} {_bar(progress.done, max(progress.planned, progress.done))} "
+                   f"{progress.done}/{max(progress.planned, progress.done)} runs  {best}  {_clock(elapsed)} elapsed, "
+                   f"~{_clock(max(left, 0))} left")
+
+
+def _bar(done: int, total: int, width: int = 16) -> str:
+    filled = int(width * done / total) if total else 0
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}:{seconds % 60:02d}"

@@ -1,0 +1,87 @@
+"""Measure the per-step priors that profiles/*.toml give the cost model of `--method auto`.
+
+For every profile's built-in tuning prompts and every method configuration below, runs
+greedy generation on one model and reports, per step: tokens emitted, drafted tokens
+verified, drafting time (ms) and drafting time in one-token forwards. Greedy token
+counts do not depend on the hardware, only on the model and the prompts, so these are
+the priors profiles ship with; `pardec tune` measures the same things on a user's own
+machine and model.
+
+    python -m pardec_cli.devtools.measure_priors [-m MODEL] [--per-profile 8] [-n 96] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+CONFIGS = [
+    ("vanilla", {}),
+    ("pld", {"num_draft": 4}), ("pld", {"num_draft": 8}), ("pld", {}), ("pld", {"num_draft": 16}),
+    ("pld", {"branches": 4}),
+    ("suffix", {"max_nodes": 8}), ("suffix", {"max_nodes": 16}), ("suffix", {}), ("suffix", {"max_nodes": 64}),
+    ("recycling", {"nodes": 8, "depth": 4}), ("recycling", {"nodes": 16}), ("recycling", {}), ("recycling", {"nodes": 64, "depth": 8}),
+    ("lookahead", {"window": 4, "ngram": 3, "guesses": 3}), ("lookahead", {}), ("lookahead", {"window": 10, "ngram": 5, "guesses": 10}),
+    ("jacobi", {"window": 4}), ("jacobi", {}),
+    ("layerskip", {}), ("layerskip", {"k": 2, "max_k": 6}),
+    ("suffix+recycling", {"suffix.max_nodes": 8, "recycling.nodes": 8, "recycling.depth": 4}),
+    ("suffix+recycling", {"suffix.max_nodes": 16, "recycling.nodes": 16}),
+    ("suffix+recycling", {}),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", default=None)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--per-profile", type=int, default=8)
+    parser.add_argument("-n", "--max-tokens", type=int, default=96)
+    parser.add_argument("--only", default="", help="comma-separated method names to keep")
+    parser.add_argument("--profiles", default="code,chat,extraction", help="comma-separated profiles to measure")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+
+    from pardec_cli.profiles import method_label
+    from pardec_cli.session import Session
+    from pardec_cli.tuning.prompts import builtin_prompts
+
+    session = Session.load(args.model, dtype=args.dtype, device="cpu")
+    configs = [c for c in CONFIGS if not args.only or c[0] in args.only.split(",")]
+    results = {}
+    for profile in args.profiles.split(","):
+        every = builtin_prompts(profile)
+        prompts = every[:: max(len(every) // args.per_profile, 1)][: args.per_profile]  # spread over the set
+        encoded = [session.encode(p.text) for p in prompts]
+        for name, knobs in configs:
+            proposer = session.build_proposer(name, knobs)
+            steps = tokens = drafted = 0
+            propose = verify = 0.0
+            start = time.perf_counter()
+            for ids in encoded:
+                stream = session.stream(ids, max_new_tokens=args.max_tokens, proposer=proposer)
+                for _ in stream:
+                    pass
+                s = stream.stats
+                steps += s.steps
+                tokens += s.generated_tokens - 1
+                drafted += s.drafted_tokens
+                propose += s.propose_s
+                verify += s.verify_s
+            label = method_label(name, knobs)
+            row = {
+                "tokens_per_step": round(tokens / steps, 3), "drafted": round(drafted / steps, 2),
+                "draft_ms": round(propose / steps * 1000, 2), "verify_ms": round(verify / steps * 1000, 2),
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+            results.setdefault(profile, {})[label] = row
+            print(f"{profile:<10} {label:<70} {row}", file=sys.stderr, flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

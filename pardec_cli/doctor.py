@@ -1,0 +1,176 @@
+"""What `pardec doctor` reports, gathered without printing (the CLI formats it).
+
+The machine (CPU features, memory, GPUs with their class and speed estimate), the
+versions that matter, the models and accelerators on this machine, the profiles, and
+for one model what `--method auto` would pick per profile and from what (tuned
+results or priors). On a machine without a GPU driver nothing here imports torch:
+versions come from package metadata, the model's size from its files.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+from pardec_cli import __version__
+
+
+def package_version(name: str) -> str | None:
+    """An installed distribution's version, without importing it."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torch_build() -> dict[str, str | None]:
+    """torch's version and the CUDA/ROCm version it was built for, read from
+    ``torch/version.py`` instead of importing torch (which takes seconds)."""
+    info: dict[str, str | None] = {"version": package_version("torch"), "cuda": None, "rocm": None}
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return info
+    if spec is None or not spec.submodule_search_locations:
+        return info
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text("utf-8")
+    except OSError:
+        return info
+    for key in ("cuda", "hip"):
+        match = re.search(rf"^{key}\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+        if match:
+            info["cuda" if key == "cuda" else "rocm"] = match.group(1)
+    return info
+
+
+def versions() -> dict[str, Any]:
+    """pardec, Python, torch (with its CUDA/ROCm build), transformers, textual."""
+    torch = torch_build()
+    return {
+        "pardec": __version__,
+        "python": platform.python_version(),
+        "torch": torch["version"],
+        "torch_cuda": torch["cuda"],
+        "torch_rocm": torch["rocm"],
+        "transformers": package_version("transformers"),
+        "textual": package_version("textual"),
+    }
+
+
+def machine(device: str = "auto", dtype: str = "auto") -> tuple[dict[str, Any], Any]:
+    """(report, Hardware): the CPU, memory, GPUs, and what --device/--dtype resolve to."""
+    from pardec_cli.hardware import (
+        available_ram_bytes, cpu_info, cpu_isa, detect_hardware, probe_gpus, total_ram_bytes,
+    )
+
+    cpu = cpu_info()
+    gpus = probe_gpus() if device != "cpu" else []
+    hardware = detect_hardware(device, dtype)
+    flags = {
+        "avx2": cpu.has_avx2, "avx512": cpu.has_avx512, "avx512_bf16": cpu.has_avx512_bf16, "amx_bf16": cpu.has_amx_bf16,
+    }
+    report = {
+        "cpu": {"model": cpu.model_name, "logical_cores": cpu.logical_cores, "isa": cpu_isa(cpu), **flags},
+        "ram_bytes": total_ram_bytes(),
+        "ram_available_bytes": available_ram_bytes(),
+        "gpus": [
+            {"index": g.index, "name": g.name, "memory_bytes": g.total_memory_bytes,
+             "capability": f"{g.capability[0]}.{g.capability[1]}", "bf16": g.has_bf16}
+            for g in gpus
+        ],
+        "device": hardware.device,
+        "dtype": hardware.dtype,
+        "hardware_class": hardware.hw_class,
+        "estimate": {
+            "bandwidth_gbs": round(hardware.estimate.bandwidth_gbs, 1),
+            "gflops": round(hardware.estimate.gflops, 1),
+            "source": hardware.estimate.source,
+        },
+    }
+    return report, hardware
+
+
+def models() -> list[dict[str, Any]]:
+    """Every model on this machine, with its accelerators (as `pardec list --json`)."""
+    from pardec_cli.store.inventory import list_models
+
+    return [m.to_dict() for m in list_models()]
+
+
+def find_model(spec: str | None) -> tuple[str, Path | None, str | None]:
+    """(name, directory or None, repo) of the model `-m` names, without downloading or
+    converting: the embedded model is found only once it was converted."""
+    from pardec_cli.store.accelerators import local_path
+    from pardec_cli.store.embedded import EMBEDDED_ALIAS, EMBEDDED_REPO
+    from pardec_cli.store.records import find
+
+    name = (spec or EMBEDDED_ALIAS).strip()
+    record = find(name)
+    repo = record.target.repo if record else (EMBEDDED_REPO if name == EMBEDDED_ALIAS else None)
+    if repo is None:
+        from pardec_cli.store.catalog import lookup_alias
+
+        entry = lookup_alias(name)
+        repo = entry.repo if entry else (name if "/" in name and not name.startswith((".", "/", "~")) else None)
+    return name, local_path(name), repo
+
+
+def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
+    """For one model: its size, accelerators, tuned results, and auto's pick per profile."""
+    from pardec_cli.costmodel import ModelShape
+    from pardec_cli.profiles import load_profiles
+    from pardec_cli.select import AutoSelector, ModelInfo
+    from pardec_cli.store.accelerators import installed_accelerators
+    from pardec_cli.store.inventory import config_summary
+    from pardec_cli.tuning.results import find_results, fingerprint_directory, unusable_results
+
+    name, path, repo = find_model(spec)
+    report: dict[str, Any] = {"name": name, "path": str(path) if path else None}
+    if path is None:
+        report["problem"] = ("the embedded model is converted on first use (`pardec gen` does it)"
+                             if spec is None else f"{name} is not on this machine (`pardec pull {name}`)")
+        return report
+    summary = config_summary(path)
+    shape = ModelShape.from_config_summary(summary)
+    report.update(parameters=summary.get("parameters"), layers=summary.get("layers"))
+    if shape is None:
+        report["problem"] = "its size cannot be read from its files"
+        return report
+    fingerprint = fingerprint_directory(path)
+    accelerators = installed_accelerators(name, repo)
+    tuned = find_results(fingerprint, hardware.key, hardware.dtype)
+    notes = unusable_results(name, fingerprint, hardware.key, hardware.dtype)
+    report["accelerators"] = [{"kind": a.kind, "ref": a.ref, "parameters": a.parameters} for a in accelerators]
+    report["tuned"] = None if tuned is None else {
+        "path": str(tuned.path), "updated": tuned.updated, "profiles": sorted(tuned.profiles),
+        "curve": tuned.curve.to_dict() if tuned.curve else None,
+    }
+    report["notes"] = list(notes)
+    selector = AutoSelector(hardware, ModelInfo(name, shape, fingerprint, path, repo), profiles=load_profiles(),
+                            accelerators=accelerators, tuned=tuned, notes=notes)
+    picks = {}
+    for profile in selector.profiles:
+        choice = selector.choose(None, profile)
+        picks[profile] = {
+            "method": choice.method, "knobs": choice.knobs, "label": choice.label,
+            "expected_speedup": round(choice.estimate.speedup, 3), "basis": choice.estimate.basis,
+            "skipped": [f"{label}: {why}" for label, why in choice.skipped],
+        }
+        report["curve"] = {"source": choice.curve.source, "relative": {n: round(choice.curve.relative(n), 2) for n in (8, 16, 32, 64)}}
+    report["auto"] = picks
+    return report
+
+
+def profiles_report() -> dict[str, Any]:
+    """The profiles and where each was read from."""
+    from pardec_cli.profiles import load_profiles, user_profiles_dir
+
+    return {
+        "user_dir": str(user_profiles_dir()),
+        "profiles": {name: {"description": p.description, "sources": list(p.sources)} for name, p in load_profiles().items()},
+    }

@@ -1,0 +1,59 @@
+"""Measure the verification cost curve: forward time of n new tokens over a realistic context.
+
+The context is `context_tokens` tokens of a built-in tuning prompt, prefilled once;
+each measurement feeds n tokens on top of it as a draft tree (a chain written with the
+tree mask, the way tree methods verify) and rolls the cache back. Every n is measured
+`repeats` times in shuffled order (so machine drift does not fall on one n) and the
+fastest time is kept: on a shared machine the minimum is the most repeatable figure.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pardec_cli.costmodel import CURVE_POINTS, CostCurve
+
+
+def measure_curve(
+    session: Any,
+    context_ids: Sequence[int],
+    *,
+    points: Sequence[int] = CURVE_POINTS,
+    repeats: int = 3,
+    on_point: Callable[[int, int], None] | None = None,
+) -> CostCurve:
+    """Time one forward of each n in `points` after `context_ids` on `session`'s model.
+
+    `on_point(done, total)` is called after each timing (progress). A KeyboardInterrupt
+    propagates: a half-measured curve is not kept.
+    """
+    import torch
+
+    from pardec_cli.engine.cache import rollback_to
+
+    target = session.target
+    context = list(context_ids)
+    longest = max(points)
+    filler = (context * (longest // max(len(context), 1) + 1))[:longest]  # tokens to feed: their values do not matter
+    order = [n for _ in range(repeats) for n in points]
+    random.Random(0).shuffle(order)
+    best: dict[int, float] = {}
+    with torch.inference_mode():
+        cache = target.new_cache()
+        target.forward(context, cache, last_only=True)
+        target.forward(filler[:4], cache, parents=(-1, 0, 1))  # warm-up: kernels, allocator
+        rollback_to(cache, len(context))
+        for done, n in enumerate(order, start=1):
+            parents = tuple(range(-1, n - 2)) if n > 1 else None
+            start = time.perf_counter()
+            target.forward(filler[:n], cache, parents=parents)
+            elapsed = time.perf_counter() - start
+            rollback_to(cache, len(context))
+            best[n] = min(best.get(n, float("inf")), elapsed * 1000)
+            if on_point:
+                on_point(done, len(order))
+    day = time.strftime("%Y-%m-%d")
+    return CostCurve.from_mapping(best, f"measured by pardec tune on {day}, {len(context)}-token context")

@@ -1,0 +1,316 @@
+"""Tuned results: one TOML file per (model, device, dtype) under ``pardec_home()/tuned/``.
+
+A file holds the measured verification cost curve, and per profile the candidates
+`pardec tune` measured (tokens per step, tokens/s, speed-up over vanilla, how many
+outputs matched vanilla's), the winner, and the raw runs it measured them from (so an
+interrupted tune resumes where it stopped). `--method auto` and `pardec doctor` read
+the file whose model fingerprint, device and dtype match the loaded model exactly; a
+file for the same model on another device or dtype, or for another version of the
+model (different weights), is never used, and `--explain` says so.
+
+Torch-free; written atomically (temporary file, rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pardec_cli import __version__
+from pardec_cli.costmodel import CostCurve
+from pardec_cli.errors import PardecError
+from pardec_cli.home import pardec_home
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+FORMAT = 1
+# Columns of a raw run, in the order the file stores them.
+RUN_FIELDS = ("label", "prompt", "tokens", "seconds", "steps", "drafted", "propose_s", "match")
+
+
+def tuned_dir() -> Path:
+    """Where tuned results live: ``pardec_home()/tuned``."""
+    return pardec_home() / "tuned"
+
+
+# ----------------------------------------------------------------- the data
+
+
+@dataclass
+class Run:
+    """One generation measured by tune: a candidate (by label) on one prompt."""
+
+    label: str
+    prompt: str
+    tokens: int  # tokens generated (the prefill's first one included)
+    seconds: float  # wall time of the whole generation, prefill included (end to end)
+    steps: int
+    drafted: int
+    propose_s: float
+    match: bool  # output identical to vanilla's on this prompt
+
+
+@dataclass
+class TunedCandidate:
+    """A candidate as tune measured it, summed over the prompts it ran on."""
+
+    method: str
+    knobs: dict[str, Any]
+    tokens_per_step: float
+    drafted: float  # drafted tokens verified per step
+    draft_ms: float  # drafting time per step
+    tokens_per_s: float
+    speedup: float  # tokens/s over vanilla's on the same prompts
+    prompts: int
+    matched: int  # prompts whose output equalled vanilla's
+    round: int = 0  # the last successive-halving round it took part in
+
+    @property
+    def label(self) -> str:
+        from pardec_cli.profiles import method_label
+
+        return method_label(self.method, self.knobs)
+
+
+@dataclass
+class TunedProfile:
+    """What tune found for one profile."""
+
+    name: str
+    candidates: list[TunedCandidate] = field(default_factory=list)
+    best: str | None = None  # label of the winner; None until a round finished
+    complete: bool = False  # the search ran to its end (not cut by budget or Ctrl-C)
+    prompts: str = "built-in"
+    max_new_tokens: int = 0
+    budget_s: float = 0.0
+    spent_s: float = 0.0
+    runs: list[Run] = field(default_factory=list)
+
+    def best_candidate(self) -> TunedCandidate | None:
+        return next((c for c in self.candidates if c.label == self.best), None)
+
+
+@dataclass
+class TunedResults:
+    """Everything tuned for one model on one device in one dtype."""
+
+    model: str
+    fingerprint: str
+    device: str
+    dtype: str
+    curve: CostCurve | None = None
+    profiles: dict[str, TunedProfile] = field(default_factory=dict)
+    updated: str = ""
+    pardec_version: str = __version__
+    path: Path | None = None
+
+    def matches(self, fingerprint: str, device: str, dtype: str) -> bool:
+        return (self.fingerprint, self.device, self.dtype) == (fingerprint, device, dtype)
+
+
+# ------------------------------------------------------------- fingerprints
+
+
+def fingerprint_directory(path: Path) -> str:
+    """A cheap identity of a model's weights: config.json, and for every weight file its
+    name, size and the first and last MiB of its bytes (a fine-tune or another
+    quantization changes them; a copy of the same files does not)."""
+    digest = hashlib.sha256()
+    config = path / "config.json"
+    if config.is_file():
+        digest.update(config.read_bytes())
+    for file in sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".pth")):
+        size = file.stat().st_size
+        digest.update(f"{file.name}:{size}".encode())
+        with open(file, "rb") as f:
+            digest.update(f.read(1 << 20))
+            if size > 2 << 20:
+                f.seek(-(1 << 20), os.SEEK_END)
+                digest.update(f.read())
+    return "sha256:" + digest.hexdigest()[:32]
+
+
+def fingerprint_config(config: dict[str, Any], parameters: int) -> str:
+    """An identity for a model known only in memory (no directory): its config and size."""
+    text = json.dumps(config, sort_keys=True, default=str) + f":{parameters}"
+    return "config:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# ------------------------------------------------------------------- files
+
+
+def results_path(model: str, fingerprint: str, device: str, dtype: str) -> Path:
+    """The file for one (model, device, dtype): readable name plus a short hash of the key."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{model}--{device.split(':')[0]}--{dtype}").strip("-")
+    key = hashlib.sha256(f"{fingerprint}|{device}|{dtype}".encode()).hexdigest()[:10]
+    return tuned_dir() / f"{slug}--{key}.toml"
+
+
+def all_results() -> list[TunedResults]:
+    """Every readable results file (unreadable ones are skipped: `tune --show` names them)."""
+    folder = tuned_dir()
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob("*.toml")):
+        try:
+            found.append(read_results(path))
+        except PardecError:
+            continue
+    return found
+
+
+def find_results(fingerprint: str, device: str, dtype: str) -> TunedResults | None:
+    """The results for exactly this model version, device and dtype, or None."""
+    return next((r for r in all_results() if r.matches(fingerprint, device, dtype)), None)
+
+
+def unusable_results(model: str, fingerprint: str, device: str, dtype: str) -> list[str]:
+    """Why results that look related (same model name or same weights) do not apply here."""
+    notes = []
+    for r in all_results():
+        if r.matches(fingerprint, device, dtype) or (r.model != model and r.fingerprint != fingerprint):
+            continue
+        if r.fingerprint != fingerprint:
+            why = "another version of the model (its weights differ)"
+        elif r.device != device:
+            why = f"another device ({r.device})"
+        else:
+            why = f"another dtype ({r.dtype})"
+        notes.append(f"tuned results in {r.path} are for {why}: not used")
+    return notes
+
+
+def read_results(path: Path) -> TunedResults:
+    """Parse one results file; a broken one is a `PardecError` naming it."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PardecError(f"cannot read tuned results {path}: {exc}", hint="pardec tune --reset removes it") from None
+    try:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        curve_data = data.get("curve")
+        curve = None
+        if curve_data:
+            curve = CostCurve.from_mapping({int(n): float(ms) for n, ms in curve_data["ms"].items()}, str(curve_data["source"]))
+        profiles = {}
+        for name, table in data.get("profiles", {}).items():
+            profiles[name] = TunedProfile(
+                name=name,
+                candidates=[TunedCandidate(**{**c, "knobs": dict(c.get("knobs", {}))}) for c in table.get("candidates", [])],
+                best=table.get("best") or None,
+                complete=bool(table.get("complete", False)),
+                prompts=str(table.get("prompts", "built-in")),
+                max_new_tokens=int(table.get("max_new_tokens", 0)),
+                budget_s=float(table.get("budget_s", 0.0)),
+                spent_s=float(table.get("spent_s", 0.0)),
+                runs=[Run(*row) for row in data.get("runs", {}).get(name, [])],
+            )
+        return TunedResults(
+            model=str(data["model"]), fingerprint=str(data["fingerprint"]), device=str(data["device"]),
+            dtype=str(data["dtype"]), curve=curve, profiles=profiles, updated=str(data.get("updated", "")),
+            pardec_version=str(data.get("pardec_version", "")), path=path,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PardecError(f"tuned results {path} are not in the expected form ({exc})",
+                          hint="pardec tune --reset removes them") from None
+
+
+def write_results(results: TunedResults) -> Path:
+    """Save `results` (atomically) to its file; returns the path."""
+    path = results.path or results_path(results.model, results.fingerprint, results.device, results.dtype)
+    results.path = path
+    results.updated = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    text = to_toml(results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def remove_results(results: list[TunedResults]) -> list[Path]:
+    """Delete these results' files; returns the paths removed."""
+    removed = []
+    for r in results:
+        if r.path is not None and r.path.is_file():
+            r.path.unlink()
+            removed.append(r.path)
+    return removed
+
+
+# -------------------------------------------------------------- TOML output
+
+
+def _value(value: Any) -> str:
+    """A TOML literal for a scalar, list or flat table."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(round(value, 6))
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # JSON string escapes are valid TOML
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }" if value else "{}"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def to_toml(results: TunedResults) -> str:
+    """The file's text: readable, with the raw runs last in each profile."""
+    out = [
+        "# pardec tune results: measured on this machine, read by --method auto and pardec doctor.",
+        "# `pardec tune --show` prints them; `pardec tune --reset` removes them.",
+        f"format = {FORMAT}",
+        f"model = {_value(results.model)}",
+        f"fingerprint = {_value(results.fingerprint)}",
+        f"device = {_value(results.device)}",
+        f"dtype = {_value(results.dtype)}",
+        f"pardec_version = {_value(results.pardec_version)}",
+        f"updated = {_value(results.updated)}",
+    ]
+    if results.curve is not None:
+        out += ["", "# forward time (ms) of n new tokens over a realistic context", "[curve]",
+                f"source = {_value(results.curve.source)}",
+                f"ms = {_value({str(n): ms for n, ms in results.curve.points})}"]
+    for name, profile in results.profiles.items():
+        out += ["", f"[profiles.{_key(name)}]"]
+        out += [f"{k} = {_value(getattr(profile, k))}" for k in ("complete", "prompts", "max_new_tokens", "budget_s", "spent_s")]
+        if profile.best:
+            out.append(f"best = {_value(profile.best)}")
+        for c in profile.candidates:
+            out += ["", f"[[profiles.{_key(name)}.candidates]]"]
+            out += [f"{k} = {_value(getattr(c, k))}" for k in
+                    ("method", "knobs", "tokens_per_step", "drafted", "draft_ms", "tokens_per_s", "speedup", "prompts", "matched", "round")]
+    runs = {name: profile.runs for name, profile in results.profiles.items() if profile.runs}
+    if runs:
+        out += ["", f"# raw runs for resuming, per profile: {', '.join(RUN_FIELDS)}", "[runs]"]
+        for name, rows in runs.items():
+            out.append(f"{_key(name)} = [")
+            out += [f"  {_value([getattr(r, f) for f in RUN_FIELDS])}," for r in rows]
+            out.append("]")
+    return "\n".join(out) + "\n"

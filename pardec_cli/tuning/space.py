@@ -1,0 +1,118 @@
+"""The candidates `pardec tune` tries for one profile on one machine.
+
+Seeds are the profile's candidates for this hardware class that can run here (the same
+filter `--method auto` applies: registered, accelerator installed; one seed per
+installed drafter). Around each seed, every knob that declares search values
+(`MethodOption.search`) is moved one step down and one step up its list: the
+neighbourhood where a better setting for this machine usually is. `--methods` limits
+the search to some methods (seeding one that no profile lists with its defaults).
+
+Knobs are normalized (values equal to the method's defaults dropped, combination knobs
+written PART.KNOB), so one setting never appears twice under two spellings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pardec_cli.hardware import Hardware
+from pardec_cli.methods.options import MethodOption, resolve_options
+from pardec_cli.methods.registry import METHODS, MethodSpec, get_spec
+from pardec_cli.profiles import Profile, method_label
+from pardec_cli.store.accelerators import InstalledAccelerator
+
+
+@dataclass(frozen=True)
+class TuneCandidate:
+    """A method and knobs to measure; `label` identifies it in results and runs."""
+
+    method: str
+    knobs: tuple[tuple[str, Any], ...]
+
+    @property
+    def knob_dict(self) -> dict[str, Any]:
+        return dict(self.knobs)
+
+    @property
+    def label(self) -> str:
+        return method_label(self.method, self.knob_dict)
+
+
+def normalize(method: str, knobs: Mapping[str, Any]) -> TuneCandidate:
+    """Canonical form: typed values, defaults dropped, a combination's plain knobs
+    spread to PART.KNOB for every part that has them."""
+    spec = get_spec(method)
+    given = dict(knobs)
+    if "+" in method:
+        parts = method.split("+")
+        spread: dict[str, Any] = {}
+        for key, value in given.items():
+            if "." in key:
+                spread[key] = value
+            else:
+                for part in parts:
+                    if any(o.name == key for o in METHODS[part].options):
+                        spread.setdefault(f"{part}.{key}", value)
+        given = spread
+    values = resolve_options(method, spec.options, given)
+    defaults = {o.name: o.default for o in spec.options}
+    kept = tuple(sorted((k, v) for k, v in values.items() if v != defaults[k]))
+    return TuneCandidate(method, kept)
+
+
+def neighbours(candidate: TuneCandidate) -> list[TuneCandidate]:
+    """One knob moved one step along its search values, for every searchable knob."""
+    spec = get_spec(candidate.method)
+    current = {o.name: o.default for o in spec.options} | candidate.knob_dict
+    found = []
+    for option in spec.options:
+        for value in _adjacent(option, current[option.name]):
+            found.append(normalize(candidate.method, {**candidate.knob_dict, option.name: value}))
+    return found
+
+
+def _adjacent(option: MethodOption, value: Any) -> list[Any]:
+    """The search values just below and just above `value`."""
+    values = list(option.search)
+    if not values or value is None:
+        return []
+    below = [v for v in values if v < value]
+    above = [v for v in values if v > value]
+    return [*below[-1:], *above[:1]]
+
+
+def candidate_pool(
+    profile: Profile,
+    hardware: Hardware,
+    *,
+    accelerators: Sequence[InstalledAccelerator] = (),
+    methods: Mapping[str, MethodSpec] = METHODS,
+    only: Sequence[str] = (),
+) -> list[TuneCandidate]:
+    """Seeds first (profile order), then their neighbours; each setting once."""
+    from pardec_cli.select import unavailable_reason  # the same filter auto applies
+
+    seeds: list[TuneCandidate] = []
+    listed = [(c.method, c.knobs) for c in profile.candidates_for(hardware)]
+    listed += [(name, {}) for name in only if name not in {m for m, _ in listed}]
+    for method, knobs in listed:
+        if only and method not in only:
+            continue
+        if method == "vanilla" or unavailable_reason(method, methods, accelerators) is not None:
+            continue
+        spec = methods[method.split("+")[0]]
+        if "+" not in method and spec.accelerator is not None:
+            for acc in accelerators:
+                if acc.kind == spec.accelerator:
+                    extra = {spec.accelerator_option: acc.ref} if spec.accelerator_option else {}
+                    seeds.append(normalize(method, {**knobs, **extra}))
+        else:
+            seeds.append(normalize(method, knobs))
+    pool = list(dict.fromkeys(seeds))
+    for seed in seeds:
+        for near in neighbours(seed):
+            if near not in pool:
+                pool.append(near)
+    return pool

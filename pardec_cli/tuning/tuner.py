@@ -1,0 +1,285 @@
+"""`pardec tune` for one loaded model: curve, then a search per profile, saved as it goes.
+
+    1. find this model's results for this device and dtype (resume) or start new ones;
+    2. check the budget can measure anything at all (estimated from one quick probe);
+    3. measure the verification cost curve (once per model, device and dtype);
+    4. per profile: build the candidate pool (capped so screening fits its share of the
+       budget), run the successive-halving search on the profile's prompts, and save
+       after every run, so Ctrl-C or a crash loses at most the run in progress.
+
+Generation goes through the session (the one decoding loop); nothing here decodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from pardec_cli.costmodel import CostCurve, estimated_curve
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.tuning.prompts import TunePrompt, builtin_prompts, file_prompts
+from pardec_cli.tuning.results import Run, TunedCandidate, TunedProfile, TunedResults, write_results
+from pardec_cli.tuning.search import VANILLA, BudgetTooSmall, Outcome, Progress, SearchConfig, successive_halving
+from pardec_cli.tuning.space import TuneCandidate, candidate_pool
+
+CURVE_REPEATS = 3
+CONTEXT_TOKENS = 300
+SCREEN_SHARE = 0.4  # at most this share of a profile's budget goes to screening
+
+
+@dataclass
+class TuneRequest:
+    """What `pardec tune` was asked to do."""
+
+    profiles: list[str]
+    budget_s: float
+    max_new_tokens: int = 96
+    prompts_file: Path | None = None
+    methods: list[str] = field(default_factory=list)  # empty: every candidate
+
+
+@dataclass
+class TuneEvent:
+    """Progress for the front end: the curve ("curve", done, total) or a profile's search."""
+
+    stage: str  # "curve", "search", "skip", "done", "note"
+    profile: str | None = None
+    done: int = 0
+    total: int = 0
+    progress: Progress | None = None
+    message: str = ""
+
+
+def summarize(runs: Sequence[Run], candidates: dict[str, TuneCandidate], outcome: Outcome | None) -> list[TunedCandidate]:
+    """Per measured candidate: counts, speed and speed-up over vanilla on the prompts both ran."""
+    vanilla = {r.prompt: r for r in runs if r.label == VANILLA}
+    summaries = []
+    for label, candidate in candidates.items():
+        mine = [r for r in runs if r.label == label and r.prompt in vanilla]
+        steps = sum(r.steps for r in mine)
+        seconds = sum(r.seconds for r in mine)
+        base_seconds = sum(vanilla[r.prompt].seconds for r in mine)
+        if not mine or not steps or not seconds or not base_seconds:
+            continue
+        tokens_per_s = sum(r.tokens for r in mine) / seconds
+        base = sum(vanilla[r.prompt].tokens for r in mine) / base_seconds
+        summaries.append(TunedCandidate(
+            method=candidate.method, knobs=candidate.knob_dict,
+            tokens_per_step=round(sum(r.tokens - 1 for r in mine) / steps, 4),
+            drafted=round(sum(r.drafted for r in mine) / steps, 3),
+            draft_ms=round(sum(r.propose_s for r in mine) / steps * 1000, 3),
+            tokens_per_s=round(tokens_per_s, 3), speedup=round(tokens_per_s / base, 4),
+            prompts=len(mine), matched=sum(r.match for r in mine),
+            round=outcome.rounds.get(label, 0) if outcome else 0,
+        ))  # fmt: skip
+    return sorted(summaries, key=lambda c: (-c.round, -c.speedup))
+
+
+class Tuner:
+    """Tunes the model of `session` for `request`, reporting through `on_event`."""
+
+    def __init__(self, session: Any, request: TuneRequest, *, on_event: Callable[[TuneEvent], None] | None = None,
+                 clock: Callable[[], float] = perf_counter) -> None:
+        from pardec_cli.profiles import load_profiles
+        from pardec_cli.select import AutoSelector
+
+        self.session = session
+        self.request = request
+        self.on_event = on_event or (lambda event: None)
+        self.clock = clock
+        self.selector = AutoSelector.for_session(session)
+        self.hardware = self.selector.hardware
+        self.profiles = load_profiles()
+        for name in request.profiles:
+            if name not in self.profiles:
+                raise PardecUsageError(f"unknown profile {name!r}; choose from: all, {', '.join(self.profiles)}")
+        info = self.selector.model
+        self.results = self.selector.tuned or TunedResults(info.name, info.fingerprint, self.hardware.key, self.hardware.dtype)
+        self.prompts = self._prompts()
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def _prompts(self) -> dict[str, list[TunePrompt]]:
+        """Each profile's prompts: built-in, or the file's, split by detected task when
+        several profiles are tuned."""
+        if self.request.prompts_file is None:
+            found = {name: builtin_prompts(name) for name in self.request.profiles}
+        else:
+            from pardec_cli.tasks import detect_task
+
+            prompts = file_prompts(self.request.prompts_file)
+            if len(self.request.profiles) == 1:
+                found = {self.request.profiles[0]: prompts}
+            else:
+                found = {name: [p for p in prompts if detect_task(p.text).profile == name] for name in self.request.profiles}
+        for name, prompts in found.items():
+            if not prompts:
+                where = f"{self.request.prompts_file} has no {name} prompts" if self.request.prompts_file else \
+                    f"profile {name!r} has no built-in tuning prompts"
+                raise PardecUsageError(where, hint="pass --prompts FILE.jsonl with prompts of that kind")
+        return found
+
+    @property
+    def prompts_source(self) -> str:
+        return str(self.request.prompts_file) if self.request.prompts_file else "built-in"
+
+    # -- estimates --------------------------------------------------------------------------
+
+    def probe_ms(self) -> float:
+        """One-token forward time: from the saved curve, else measured once now (a second)."""
+        if self.results.curve is not None:
+            return self.results.curve.base_ms
+        import torch
+
+        target = self.session.target
+        ids = self.session.encode(next(iter(self.prompts.values()))[0].text)[:64]
+        best = float("inf")
+        with torch.inference_mode():
+            cache = target.new_cache()
+            target.forward(ids, cache, last_only=True)
+            for token in ids[:3]:
+                start = perf_counter()
+                target.forward([token], cache, last_only=True)
+                best = min(best, (perf_counter() - start) * 1000)
+        return best
+
+    def run_estimate_s(self, base_ms: float) -> float:
+        """Seconds one vanilla generation of `max_new_tokens` takes here, roughly."""
+        return self.request.max_new_tokens * base_ms / 1000 * 1.15 + 0.05
+
+    def curve_estimate_s(self, base_ms: float) -> float:
+        """Seconds measuring the curve takes: the estimated curve's shape at the probed speed."""
+        if self.results.curve is not None:
+            return 0.0
+        from pardec_cli.costmodel import CURVE_POINTS
+
+        estimate = estimated_curve(self.hardware.estimate, self.selector.model.shape, self.hardware.dtype)
+        return CURVE_REPEATS * sum(estimate.relative(n) for n in CURVE_POINTS) * base_ms / 1000 + 1.0
+
+    def check_budget(self) -> tuple[float, float]:
+        """(probe ms, seconds per run); a budget that cannot measure anything is an error."""
+        base_ms = self.probe_ms()
+        run_s = self.run_estimate_s(base_ms)
+        minimum = self.curve_estimate_s(base_ms) + 3 * run_s  # the curve, vanilla and two candidates once
+        if self.request.budget_s < minimum:
+            raise PardecUsageError(
+                f"a budget of {self.request.budget_s / 60:.1f} min is too small to measure anything here: "
+                f"the cost curve and one prompt for vanilla and two candidates take about {minimum / 60:.1f} min",
+                hint=f"give at least --budget {max(1, round(minimum / 60 + 0.5))} (a few times that finds better settings)",
+            )
+        return base_ms, run_s
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self) -> TunedResults:
+        """Tune every requested profile; results are saved as they come."""
+        started = self.clock()
+        todo = [name for name in self.request.profiles if not self._already_done(name)]
+        if not todo and self.results.curve is not None:
+            return self.results
+        _, run_s = self.check_budget()
+        if self.results.curve is None:
+            self.results.curve = self._measure_curve()
+            self._save()
+        curve = self.results.curve
+        for index, name in enumerate(todo):
+            left = self.request.budget_s - (self.clock() - started)
+            share = left / (len(todo) - index)
+            self._tune_profile(name, share, curve, run_s)
+        return self.results
+
+    def _already_done(self, name: str) -> bool:
+        done = self.results.profiles.get(name)
+        if done is not None and done.complete and done.prompts == self.prompts_source \
+                and done.max_new_tokens == self.request.max_new_tokens:
+            self.on_event(TuneEvent("skip", name, message=f"{name}: already tuned ({done.best}); "
+                                    "`pardec tune --reset` to measure again"))
+            return True
+        return False
+
+    def _measure_curve(self) -> CostCurve:
+        from pardec_cli.tuning.curve import measure_curve
+
+        prompt = next(iter(self.prompts.values()))[0].text
+        context = self.session.encode(prompt * (CONTEXT_TOKENS // 40 + 1))[:CONTEXT_TOKENS]
+        return measure_curve(self.session, context, repeats=CURVE_REPEATS,
+                             on_point=lambda done, total: self.on_event(TuneEvent("curve", done=done, total=total)))
+
+    def _tune_profile(self, name: str, budget_s: float, curve: CostCurve, run_s: float) -> None:
+        from pardec_cli.tuning.evaluate import SessionEvaluator
+
+        profile = self.profiles[name]
+        previous = self.results.profiles.get(name)
+        if previous is not None and (previous.prompts != self.prompts_source or previous.max_new_tokens != self.request.max_new_tokens):
+            self.on_event(TuneEvent("note", name, message=f"{name}: prompts or token count changed; starting over"))
+            previous = None
+        tuned = previous or TunedProfile(name, prompts=self.prompts_source, max_new_tokens=self.request.max_new_tokens)
+        tuned.budget_s = round(tuned.budget_s + budget_s, 1)
+        self.results.profiles[name] = tuned
+
+        pool = candidate_pool(profile, self.hardware, accelerators=self.selector.accelerators, only=self.request.methods)
+        if not pool:
+            self.on_event(TuneEvent("note", name, message=f"{name}: no candidate method can run here; skipped"))
+            return
+        measured = {r.label for r in tuned.runs}
+        cap = max(2, int(budget_s * SCREEN_SHARE / run_s) - 1)
+        # Candidates measured before (resume) stay in, whatever the cap says.
+        pool = [c for c in pool if c.label in measured] + [c for c in pool if c.label not in measured]
+        pool = pool[: max(cap, sum(c.label in measured for c in pool))]
+        candidates = {c.label: c for c in pool}
+        prompts = self.prompts[name]
+        evaluator = SessionEvaluator(self.session, prompts, pool, max_new_tokens=self.request.max_new_tokens)
+        start = self.clock()
+
+        def on_run(run: Run) -> None:
+            tuned.runs.append(run)
+            tuned.spent_s = round(tuned.spent_s + run.seconds, 3)
+            tuned.candidates = summarize(tuned.runs, candidates, None)
+            self._save()
+
+        def on_progress(progress: Progress) -> None:
+            self.on_event(TuneEvent("search", name, progress=progress))
+
+        config = SearchConfig(budget_s=budget_s, run_estimate_s=run_s, exact=self.hardware.dtype == "float32")
+        previous_runs = [r for r in tuned.runs if r.label in candidates or r.label == VANILLA]
+        try:
+            outcome, runs = successive_halving(
+                list(candidates), [p.prompt_id for p in prompts], measure=evaluator.measure, clock=self.clock,
+                config=config, curve=curve, previous=previous_runs, on_run=on_run, on_progress=on_progress,
+            )
+        except BudgetTooSmall as exc:
+            self.on_event(TuneEvent("note", name, message=f"{name}: not tuned: its share of the budget is too small ({exc})"))
+            return
+        tuned.candidates = summarize(runs, candidates, outcome)
+        tuned.best = outcome.best
+        tuned.complete = outcome.complete
+        self._save()
+        self.on_event(TuneEvent("done", name, message=outcome.stop_reason, done=int(self.clock() - start)))
+
+    def _save(self) -> None:
+        write_results(self.results)
+
+
+def describe_results(results: TunedResults, *, applies: bool | None = None) -> list[str]:
+    """`pardec tune --show` lines for one results file."""
+    here = "" if applies is None else ("  (applies here)" if applies else "  (not for this machine/model: not used)")
+    lines = [f"{results.model} on {results.device}, {results.dtype}{here}",
+             f"  file      {results.path}", f"  updated   {results.updated}"]
+    if results.curve is not None:
+        lines.append(f"  curve     verifying n tokens costs {results.curve.describe((8, 16, 32, 64))} one "
+                     f"(1 token: {results.curve.base_ms:.1f} ms)")
+    for name, profile in results.profiles.items():
+        state = "complete" if profile.complete else "incomplete (run `pardec tune` again to continue)"
+        best = profile.best_candidate()
+        lines.append(f"  {name:<10} {state}; {len(profile.runs)} runs over {profile.prompts} prompts, "
+                     f"{profile.max_new_tokens} tokens each")
+        if best is not None:
+            lines.append(f"    best    {best.label}: {best.speedup:.2f}x vanilla ({best.tokens_per_s:.1f} tok/s, "
+                         f"{best.tokens_per_step:.2f} tokens/step, {best.matched}/{best.prompts} outputs equal to vanilla's)")
+        for other in [c for c in profile.candidates if best is None or c.label != best.label][:5]:
+            lines.append(f"    tried   {other.label}: {other.speedup:.2f}x over {other.prompts} prompt(s)")
+    return lines
+

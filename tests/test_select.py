@@ -1,0 +1,263 @@
+"""`--method auto` on simulated hardware: the cost model, accelerators, tuned results.
+
+Most tests use a small profile written here (so they do not move when the shipped
+priors are re-measured); a few check the shipped profiles behave sensibly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pardec_cli.costmodel import CostCurve, ModelShape
+from pardec_cli.hardware import CpuInfo, GpuInfo, describe
+from pardec_cli.methods.options import MethodOption
+from pardec_cli.methods.registry import METHODS, MethodSpec
+from pardec_cli.profiles import Candidate, Profile, get_profile
+from pardec_cli.select import AutoSelector, ModelInfo, select, step_cost_ms
+from pardec_cli.store.accelerators import InstalledAccelerator
+from pardec_cli.tuning.results import TunedCandidate, TunedProfile, TunedResults
+
+SMOLLM2 = ModelShape(134_515_008, 30)
+LLAMA_8B = ModelShape(8_030_000_000, 32)
+AVX2 = CpuInfo("AMD EPYC", 2, frozenset({"avx2"}))
+AMX = CpuInfo("Xeon", 2, frozenset({"avx2", "avx512f", "amx_bf16"}))
+
+THIS_CPU = describe("cpu", "float32", AVX2)
+CPU_FORCED_BF16 = describe("cpu", "bfloat16", AVX2)  # no bf16 hardware: every extra token costs ~13 ms
+AMX_CPU = describe("cpu", "bfloat16", AMX)
+H100 = describe("cuda:0", "bfloat16", AVX2, [GpuInfo(0, "NVIDIA H100 80GB HBM3", 80 << 30, (9, 0))])
+RTX_3060 = describe("cuda:0", "bfloat16", AVX2, [GpuInfo(0, "NVIDIA GeForce RTX 3060", 12 << 30, (8, 6))])
+
+NARROW = Candidate("pld", {"num_draft": 4}, tokens_per_step=1.6, drafted=3.0, draft_ms=0.1)
+MEDIUM = Candidate("suffix", {"max_nodes": 16}, tokens_per_step=2.2, drafted=16.0, draft_ms=1.0)
+WIDE = Candidate("recycling", {"nodes": 64, "depth": 8}, tokens_per_step=2.8, drafted=64.0, draft_ms=1.0)
+DRAFTER = Candidate("draft", {"k": 4}, tokens_per_step=3.0, drafted=4.5, draft_calls=5.0)
+
+
+def profile(*candidates: Candidate, name: str = "test") -> Profile:
+    return Profile(name, "test profile", {}, {"default": tuple(candidates)}, ("test",))
+
+
+def curve(**points: float) -> CostCurve:
+    return CostCurve.from_mapping({int(k[1:]): v for k, v in points.items()}, "measured in the test")
+
+
+# -- the cost model -------------------------------------------------------------------
+
+
+def test_the_expected_speedup_is_tokens_per_step_over_the_relative_step_cost() -> None:
+    c = curve(n1=10.0, n8=15.0, n16=20.0)
+    candidate = Candidate("pld", {}, tokens_per_step=2.0, drafted=7.0, draft_ms=1.0)
+    assert step_cost_ms(candidate, c, accelerator_ms=0.0) == pytest.approx(16.0)
+    choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(candidate), curve=c)
+    assert choice.method == "pld"
+    assert choice.estimate.speedup == pytest.approx(2.0 * 10.0 / 16.0)
+    assert choice.estimate.step_cost == pytest.approx(1.6)
+
+
+def test_plain_decoding_wins_when_nothing_is_expected_to_beat_it() -> None:
+    c = curve(n1=10.0, n8=40.0)  # verifying costs dearly
+    choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW), curve=c)
+    assert choice.method == "vanilla" and choice.estimate.basis == "baseline"
+    assert "no candidate is expected to beat plain decoding" in choice.explain()
+
+
+def test_on_equal_expectations_the_profile_order_decides() -> None:
+    a = Candidate("pld", {"num_draft": 4}, tokens_per_step=2.0, drafted=1.0)
+    b = Candidate("suffix", {}, tokens_per_step=2.0, drafted=1.0)
+    flat = curve(n1=10.0, n64=10.0)
+    assert select(hardware=H100, model=SMOLLM2, profile=profile(a, b), curve=flat).method == "pld"
+    assert select(hardware=H100, model=SMOLLM2, profile=profile(b, a), curve=flat).method == "suffix"
+
+
+# -- simulated hardware ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hardware", "model", "expected"),
+    [
+        (H100, LLAMA_8B, "recycling"),  # verifying 65 tokens costs about as much as one: widest
+        (RTX_3060, LLAMA_8B, "suffix"),  # 17 tokens ~1.2x one, 65 ~1.8x: medium width
+        (AMX_CPU, SMOLLM2, "suffix"),  # AMX bf16: about the same
+        (THIS_CPU, SMOLLM2, "pld"),  # AVX2 float32: 17 tokens ~2x one: narrow
+        (CPU_FORCED_BF16, SMOLLM2, "vanilla"),  # emulated bf16: even 4 tokens ~2x one
+    ],
+    ids=["h100", "consumer-gpu", "amx-cpu", "this-cpu-fp32", "cpu-without-bf16-in-bf16"],
+)
+def test_width_pays_where_verification_is_cheap(hardware, model, expected) -> None:
+    choice = select(hardware=hardware, model=model, profile=profile(NARROW, MEDIUM, WIDE))
+    assert choice.method == expected, choice.explain()
+
+
+def test_a_measured_curve_overrides_the_estimate() -> None:
+    flat = curve(n1=50.0, n64=55.0)  # as if tune found this CPU cheap to widen
+    choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW, WIDE), curve=flat)
+    assert choice.method == "recycling"
+    assert "measured in the test" in choice.explain()
+
+
+def test_the_shipped_profiles_choose_a_drafting_method_on_this_cpu_and_on_an_h100() -> None:
+    for name in ("code", "chat", "extraction"):
+        for hardware, model in ((THIS_CPU, SMOLLM2), (H100, LLAMA_8B)):
+            choice = select(hardware=hardware, model=model, profile=get_profile(name))
+            assert choice.method != "vanilla", choice.explain()
+            assert choice.estimate.speedup > 1.0
+
+
+def test_the_shipped_profiles_choose_wider_drafts_on_an_h100_than_on_this_cpu() -> None:
+    for name in ("code", "chat", "extraction"):
+        cpu = select(hardware=THIS_CPU, model=SMOLLM2, profile=get_profile(name))
+        gpu = select(hardware=H100, model=LLAMA_8B, profile=get_profile(name))
+        drafted = {e.label: e for e in gpu.ranking}
+        assert gpu.estimate.step_cost <= 1.5
+        assert next(c for c in get_profile(name).candidates_for(H100) if c.label == gpu.label).drafted > next(
+            c for c in get_profile(name).candidates_for(THIS_CPU) if c.label == cpu.label
+        ).drafted, (cpu.label, gpu.label, drafted)
+
+
+# -- accelerators -----------------------------------------------------------------------
+
+
+def test_a_method_that_needs_a_missing_accelerator_is_skipped_with_a_reason() -> None:
+    choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW, DRAFTER))
+    assert choice.method == "pld"
+    assert ("draft[k=4]", "needs a drafter for this model; none is installed") in choice.skipped
+
+
+def test_an_installed_drafter_is_used_and_named_in_the_knobs() -> None:
+    drafter = InstalledAccelerator("drafter", "smollm2-135m", None, SMOLLM2.parameters, SMOLLM2.layers)
+    choice = select(hardware=THIS_CPU, model=ModelShape(1_711_000_000, 24), profile=profile(NARROW, DRAFTER),
+                    accelerators=[drafter])
+    assert choice.method == "draft"
+    assert choice.knobs == {"k": 4, "model": "smollm2-135m"}
+    assert choice.estimate.accelerator == "smollm2-135m"
+
+
+def test_of_several_drafters_the_cheaper_one_wins() -> None:
+    small = InstalledAccelerator("drafter", "small", None, 135_000_000, 30)
+    big = InstalledAccelerator("drafter", "big", None, 1_000_000_000, 24)
+    choice = select(hardware=THIS_CPU, model=LLAMA_8B, profile=profile(DRAFTER), accelerators=[big, small])
+    assert choice.knobs["model"] == "small"
+    assert {e.knobs.get("model") for e in choice.ranking} == {"small", "big", None}
+
+
+def test_a_drafter_as_big_as_the_target_does_not_pay() -> None:
+    twin = InstalledAccelerator("drafter", "twin", None, SMOLLM2.parameters, SMOLLM2.layers)
+    choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(DRAFTER), accelerators=[twin])
+    assert choice.method == "vanilla"
+
+
+def test_methods_this_pardec_does_not_have_are_skipped_gracefully() -> None:
+    eagle = Candidate("eagle", {}, tokens_per_step=4.0, drafted=24.0, draft_calls=6.0)
+    heads = [InstalledAccelerator("eagle", "yuhuili/EAGLE-test", None, 200_000_000, 1)]
+    choice = select(hardware=H100, model=LLAMA_8B, profile=profile(NARROW, eagle), accelerators=heads)
+    assert choice.method == "pld"
+    assert ("eagle", "not a method of this pardec version") in choice.skipped
+
+
+def test_a_method_registered_later_is_picked_up_without_changes_to_the_selector() -> None:
+    """A new method only needs a registry entry naming its accelerator kind, a profile
+    candidate, and an installed accelerator of that kind."""
+    methods = {
+        **METHODS,
+        "eagle": MethodSpec("eagle", "EAGLE heads", "nowhere:Eagle", (MethodOption("depth", int, 6, "tree depth"),),
+                            accelerator="eagle"),
+    }
+    eagle = Candidate("eagle", {"depth": 6}, tokens_per_step=4.0, drafted=24.0, draft_calls=6.0)
+    heads = [InstalledAccelerator("eagle", "yuhuili/EAGLE-test", None, 250_000_000, 1)]
+    without = select(hardware=H100, model=LLAMA_8B, profile=profile(NARROW, eagle), methods=methods)
+    assert without.method == "pld"  # registered, but its heads are not installed
+    with_heads = select(hardware=H100, model=LLAMA_8B, profile=profile(NARROW, eagle), methods=methods, accelerators=heads)
+    assert with_heads.method == "eagle" and with_heads.knobs == {"depth": 6}
+
+
+def test_an_accelerator_of_unknown_size_is_costed_as_a_share_of_the_target() -> None:
+    mystery = InstalledAccelerator("drafter", "mystery")
+    choice = select(hardware=THIS_CPU, model=LLAMA_8B, profile=profile(DRAFTER), accelerators=[mystery])
+    assert choice.method == "draft" and choice.knobs["model"] == "mystery"
+
+
+# -- sampling and tuned results -----------------------------------------------------------
+
+
+def test_sampling_discounts_the_extra_tokens_of_deterministic_drafts() -> None:
+    greedy = select(hardware=H100, model=LLAMA_8B, profile=profile(WIDE))
+    sampled = select(hardware=H100, model=LLAMA_8B, profile=profile(WIDE), greedy=False)
+    assert sampled.estimate.tokens_per_step < greedy.estimate.tokens_per_step
+    explicit = dataclasses.replace(WIDE, sampled_tokens_per_step=2.5)
+    assert select(hardware=H100, model=LLAMA_8B, profile=profile(explicit), greedy=False).estimate.tokens_per_step == 2.5
+
+
+def tuned(*candidates: TunedCandidate) -> TunedProfile:
+    return TunedProfile("test", list(candidates), best=candidates[0].label if candidates else None, complete=True)
+
+
+def measured(method: str, knobs: dict, speedup: float, tokens: float = 2.0) -> TunedCandidate:
+    return TunedCandidate(method, knobs, tokens, 4.0, 0.5, 20.0 * speedup, speedup, 8, 8)
+
+
+def test_tuned_measurements_replace_the_priors_of_the_methods_they_cover() -> None:
+    choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW, WIDE),
+                    tuned=tuned(measured("recycling", {"nodes": 12}, 1.4), measured("pld", {"num_draft": 6}, 1.2)))
+    assert choice.label == "recycling[nodes=12]"
+    assert choice.estimate.basis == "tuned" and choice.estimate.speedup == pytest.approx(1.4)
+    assert all(e.basis != "prior" for e in choice.ranking)  # both methods were measured
+    assert [e.label for e in choice.ranking] == ["recycling[nodes=12]", "vanilla"]  # only the winner competes
+    assert "measured by pardec tune" in choice.explain()
+
+
+def test_a_measured_loss_is_believed_over_an_optimistic_prior() -> None:
+    choice = select(hardware=H100, model=LLAMA_8B, profile=profile(NARROW, WIDE),
+                    tuned=tuned(measured("recycling", {"nodes": 64, "depth": 8}, 0.9)))
+    assert choice.method == "pld"  # pld unmeasured: its prior; recycling measured slower than vanilla
+
+
+def test_tuned_methods_whose_accelerator_went_away_are_skipped() -> None:
+    choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW),
+                    tuned=tuned(measured("draft", {"model": "gone", "k": 4}, 2.0)))
+    assert choice.method != "draft"
+
+
+# -- the session-level API ------------------------------------------------------------------
+
+
+def selector(hardware=THIS_CPU, tuned_results=None, notes=()) -> AutoSelector:
+    from pardec_cli.profiles import load_profiles
+
+    info = ModelInfo("smollm2-135m", SMOLLM2, "sha256:test")
+    return AutoSelector(hardware, info, profiles=load_profiles(), tuned=tuned_results, notes=notes)
+
+
+def test_choose_detects_the_task_and_explains_it() -> None:
+    choice = selector().choose("Write a Python function that reverses a list.")
+    assert choice.profile == "code" and choice.task is not None
+    text = choice.explain()
+    assert text.startswith(f"auto: {choice.label}")
+    for fragment in ("profile   code (detected: ", "hardware  cpu: AMD EPYC (2 cores), float32", "cost      verifying",
+                     "expect    "):
+        assert fragment in text
+
+
+def test_choose_with_a_given_profile_does_not_detect() -> None:
+    choice = selector().choose("Write a Python function.", "chat")
+    assert choice.profile == "chat" and choice.task is None
+    assert "profile   chat (given)" in choice.explain()
+
+
+def test_choose_uses_tuned_results_for_its_profile_and_their_curve() -> None:
+    results = TunedResults("smollm2-135m", "sha256:test", THIS_CPU.key, "float32",
+                           curve=curve(n1=40.0, n8=60.0, n64=200.0),
+                           profiles={"chat": TunedProfile("chat", [measured("suffix", {"max_nodes": 12}, 2.5)], "suffix[max_nodes=12]")})
+    chat = selector(tuned_results=results).choose("Tell me about the moon.", "chat")
+    assert chat.label == "suffix[max_nodes=12]" and chat.estimate.basis == "tuned"
+    assert any(e.basis == "prior" and e.method == "pld" for e in chat.ranking)  # tune did not measure pld
+    code = selector(tuned_results=results).choose("x", "code")
+    assert code.curve.source == "measured in the test"  # the curve is the device's, for every profile
+    assert all(e.basis in ("prior", "baseline") for e in code.ranking)
+
+
+def test_notes_about_unusable_tuned_results_reach_the_explanation() -> None:
+    note = "tuned results in /x.toml are for another device (cuda:NVIDIA H100): not used"
+    assert f"note      {note}" in selector(notes=[note]).choose("hi").explain()

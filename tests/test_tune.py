@@ -1,0 +1,236 @@
+"""`pardec tune`: the results file, the candidate space, and short real tunes on a tiny
+model through the CLI (budget checks, resume, Ctrl-C, results that must not apply)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pardec_cli.costmodel import CostCurve
+from pardec_cli.errors import PardecError
+from pardec_cli.hardware import CpuInfo, describe
+from pardec_cli.profiles import Candidate, Profile
+from pardec_cli.tuning.results import (
+    Run, TunedCandidate, TunedProfile, TunedResults, all_results, find_results, fingerprint_directory, read_results,
+    tuned_dir, unusable_results, write_results,
+)
+from pardec_cli.tuning.space import candidate_pool, neighbours, normalize
+from tests.cli_helpers import invoke
+
+THIS_CPU = describe("cpu", "float32", CpuInfo("cpu", 2, frozenset({"avx2"})))
+
+
+def sample_results(device: str = "cpu:test cpu (2 cores)", fingerprint: str = "sha256:abc") -> TunedResults:
+    return TunedResults(
+        model="tiny", fingerprint=fingerprint, device=device, dtype="float32",
+        curve=CostCurve.from_mapping({1: 50.0, 8: 80.5, 64: 250.25}, "measured by pardec tune on 2026-01-01"),
+        profiles={
+            "code": TunedProfile(
+                "code",
+                [TunedCandidate("suffix+recycling", {"recycling.nodes": 8, "suffix.max_nodes": 12}, 2.31, 9.5, 1.2,
+                                24.5, 1.41, 8, 8, 3)],
+                best="suffix+recycling[recycling.nodes=8,suffix.max_nodes=12]", complete=True, max_new_tokens=96,
+                budget_s=300.0, spent_s=250.5,
+                runs=[Run("vanilla", "code-01", 96, 5.5, 95, 0, 0.0, True),
+                      Run("suffix+recycling[recycling.nodes=8,suffix.max_nodes=12]", "code-01", 96, 3.9, 41, 390, 0.05, True)],
+            ),
+            "chat": TunedProfile("chat", prompts="/tmp/my \"prompts\".jsonl"),
+        },
+    )  # fmt: skip
+
+
+# -- the results file -------------------------------------------------------------------
+
+
+def test_results_round_trip_through_toml() -> None:
+    original = sample_results()
+    path = write_results(original)
+    assert path.parent == tuned_dir() and path.suffix == ".toml"
+    again = read_results(path)
+    for field in ("model", "fingerprint", "device", "dtype", "curve", "profiles", "updated"):
+        assert getattr(again, field) == getattr(original, field), field
+    assert again.profiles["code"].best_candidate().speedup == 1.41
+    text = path.read_text()
+    assert text.startswith("# pardec tune results") and "[runs]" in text
+
+
+def test_results_are_found_only_for_the_same_weights_device_and_dtype() -> None:
+    write_results(sample_results())
+    assert find_results("sha256:abc", "cpu:test cpu (2 cores)", "float32") is not None
+    assert find_results("sha256:abc", "cpu:test cpu (2 cores)", "bfloat16") is None
+    assert find_results("sha256:abc", "cuda:NVIDIA H100", "float32") is None
+    assert find_results("sha256:other", "cpu:test cpu (2 cores)", "float32") is None
+    notes = unusable_results("tiny", "sha256:abc", "cuda:NVIDIA H100", "float32")
+    assert len(notes) == 1 and "another device (cpu:test cpu (2 cores))" in notes[0] and "not used" in notes[0]
+    assert "another version of the model" in unusable_results("tiny", "sha256:new", "cpu:test cpu (2 cores)", "float32")[0]
+    assert unusable_results("someone-else", "sha256:zzz", "cpu:x", "float32") == []
+
+
+def test_a_broken_results_file_is_skipped_by_lookups_and_named_when_read(tmp_path) -> None:
+    tuned_dir().mkdir(parents=True)
+    bad = tuned_dir() / "broken.toml"
+    bad.write_text("format = [\n")
+    assert all_results() == []
+    with pytest.raises(PardecError, match="broken.toml"):
+        read_results(bad)
+    bad.write_text("format = 99\nmodel='x'\n")
+    with pytest.raises(PardecError, match="format 99"):
+        read_results(bad)
+
+
+def test_the_fingerprint_changes_with_the_weights(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+    first = fingerprint_directory(model)
+    assert fingerprint_directory(model) == first
+    (model / "model.safetensors").write_bytes(b"\1" + b"\0" * 999)
+    assert fingerprint_directory(model) != first
+
+
+# -- the candidate space ------------------------------------------------------------------
+
+
+def test_normalize_drops_defaults_and_spreads_combination_knobs() -> None:
+    assert normalize("pld", {"num_draft": "10", "branches": 2}).knobs == (("branches", 2),)
+    combined = normalize("suffix+recycling", {"max_nodes": 16, "recycling.nodes": 8})
+    assert dict(combined.knobs) == {"suffix.max_nodes": 16, "recycling.nodes": 8}
+
+
+def test_neighbours_move_one_knob_one_step() -> None:
+    labels = {c.label for c in neighbours(normalize("recycling", {"nodes": 16, "depth": 4}))}
+    assert labels == {"recycling[depth=4,nodes=12]", "recycling[depth=4,nodes=24]",
+                      "recycling[depth=3,nodes=16]", "recycling[depth=5,nodes=16]"}
+
+
+def test_the_pool_seeds_with_the_profiles_candidates_that_can_run_here() -> None:
+    profile = Profile("t", "", {}, {"default": (
+        Candidate("pld", {"num_draft": 8}, 2.0), Candidate("draft", {}, 3.0), Candidate("eagle", {}, 3.0),
+    )}, ("t",))  # fmt: skip
+    pool = candidate_pool(profile, THIS_CPU)
+    assert pool[0].label == "pld[num_draft=8]"
+    assert {c.method for c in pool} == {"pld"}  # no drafter installed; eagle not a method here
+    assert "pld[num_draft=6]" in {c.label for c in pool}
+    only = candidate_pool(profile, THIS_CPU, only=["jacobi"])
+    assert only[0].label == "jacobi" and {c.method for c in only} == {"jacobi"}
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def few_prompts(tmp_path: Path) -> Path:
+    path = tmp_path / "few.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Tell me about the number {i}."}) + "\n" for i in range(4)))
+    return path
+
+
+def tune(model: Path, *args: str):
+    return invoke(["tune", "-m", str(model), "--dtype", "float32", "-n", "8", *args])
+
+
+def test_a_short_real_tune_saves_results_that_auto_and_doctor_use(tiny_cli_model: Path, few_prompts: Path) -> None:
+    result = tune(tiny_cli_model, "-P", "code", "--methods", "pld,suffix", "--prompts", str(few_prompts), "--budget", "1")
+    assert result.exit_code == 0, result.stderr
+    assert "pardec: cost curve measured" in result.stderr
+    assert "auto now picks:" in result.stdout
+    [results] = all_results()
+    assert results.model == str(tiny_cli_model) and results.dtype == "float32"
+    assert results.curve is not None and results.curve.points[0][0] == 1
+    code = results.profiles["code"]
+    assert code.runs and code.candidates
+    assert {c.method for c in code.candidates} <= {"pld", "suffix"}
+    assert all(c.matched == c.prompts for c in code.candidates)  # float32: every output equals vanilla's
+    shown = invoke(["tune", "--show"])
+    assert shown.exit_code == 0 and "code " in shown.stdout and "(applies here)" not in shown.stdout
+    shown_here = invoke(["tune", "--show", "-m", str(tiny_cli_model), "--dtype", "float32"])
+    assert "(applies here)" in shown_here.stdout
+    data = json.loads(invoke(["tune", "--show", "--json", "-m", str(tiny_cli_model), "--dtype", "float32"]).stdout)
+    assert data[0]["applies_here"] is True
+    doctor = invoke(["doctor", "-m", str(tiny_cli_model), "--dtype", "float32"])
+    assert "tuned         profiles code on " in doctor.stdout
+    assert "(measured by pardec tune on " in doctor.stdout  # auto uses the measured curve
+    removed = invoke(["tune", "--reset", "-m", str(tiny_cli_model)])
+    assert removed.exit_code == 0 and "removed " in removed.stdout
+    assert all_results() == []
+    assert "nothing to remove" in invoke(["tune", "--reset", "-m", str(tiny_cli_model)]).stdout
+
+
+def test_a_rerun_resumes_what_was_measured(tiny_cli_model: Path, few_prompts: Path) -> None:
+    args = ("-P", "chat", "--methods", "pld", "--prompts", str(few_prompts), "--budget", "0.5")
+    first = tune(tiny_cli_model, *args)
+    assert first.exit_code == 0, first.stderr
+    [before] = all_results()
+    assert before.profiles["chat"].prompts == str(few_prompts)
+    runs_before = [(r.label, r.prompt) for r in before.profiles["chat"].runs]
+    second = tune(tiny_cli_model, *args)
+    assert second.exit_code == 0, second.stderr
+    [after] = all_results()
+    chat = after.profiles["chat"]
+    if before.profiles["chat"].complete:
+        assert "already tuned" in second.stderr
+        assert [(r.label, r.prompt) for r in chat.runs] == runs_before
+    else:
+        assert [(r.label, r.prompt) for r in chat.runs][: len(runs_before)] == runs_before
+        assert len(set((r.label, r.prompt) for r in chat.runs)) == len(chat.runs)  # nothing measured twice
+    assert after.curve == before.curve  # the curve is measured once
+
+
+def test_ctrl_c_keeps_what_was_measured(tiny_cli_model: Path, few_prompts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pardec_cli.tuning.evaluate import SessionEvaluator
+
+    real = SessionEvaluator.measure
+    calls = {"n": 0}
+
+    def interrupted_after_three(self, label, prompt_id):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt
+        return real(self, label, prompt_id)
+
+    monkeypatch.setattr(SessionEvaluator, "measure", interrupted_after_three)
+    result = tune(tiny_cli_model, "-P", "code", "--methods", "pld", "--prompts", str(few_prompts), "--budget", "2")
+    assert result.exit_code == 130
+    assert "interrupted: 3 measured runs kept in " in result.stderr
+    [kept] = all_results()
+    assert len(kept.profiles["code"].runs) == 3 and not kept.profiles["code"].complete
+
+
+def test_a_budget_too_small_to_measure_anything_says_so(tiny_cli_model: Path) -> None:
+    result = tune(tiny_cli_model, "--budget", "0.0001")
+    assert result.exit_code == 2
+    assert "is too small to measure anything here" in result.stderr
+    assert "pardec: hint: give at least --budget" in result.stderr
+    assert all_results() == []
+
+
+def test_results_for_another_device_are_never_applied(tiny_cli_model: Path) -> None:
+    from pardec_cli.tuning.results import fingerprint_directory
+
+    fingerprint = fingerprint_directory(tiny_cli_model)
+    elsewhere = sample_results(device="cuda:NVIDIA H100 80GB HBM3", fingerprint=fingerprint)
+    elsewhere.model = str(tiny_cli_model)
+    write_results(elsewhere)
+    result = invoke(["gen", "-m", str(tiny_cli_model), "--dtype", "float32", "-n", "2", "--explain", "-P", "code", "hi"])
+    assert result.exit_code == 0, result.stderr
+    assert "another device (cuda:NVIDIA H100 80GB HBM3): not used" in result.stderr
+    assert "measured by pardec tune" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--show", "--reset"], "--show and --reset cannot be combined"),
+        (["--json"], "--json goes with --show"),
+        (["--methods", "pld,nope"], "unknown method 'nope'"),
+        (["--methods", "auto"], "auto is what tune informs"),
+        (["-P", "poetry"], "unknown profile 'poetry'"),
+    ],
+)
+def test_bad_tune_arguments_are_usage_errors(args: list[str], fragment: str) -> None:
+    result = invoke(["tune", *args])
+    assert result.exit_code == 2, result.stderr
+    assert fragment in result.stderr
