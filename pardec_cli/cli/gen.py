@@ -59,7 +59,7 @@ from pardec_cli.errors import PardecError, PardecUsageError
 @click.option("--each-line", is_flag=True,
               help="Run every non-empty line of stdin as its own prompt; one JSON line per result.")
 def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
-        method: str, method_opts: tuple[str, ...], draft_model: str | None,
+        method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
         system: str | None, raw: bool, stats: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
         prompts_file: Path | None, each_line: bool) -> None:
@@ -103,7 +103,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         stop=stop, system=system, raw=raw,
     )
-    options = build_method_options(method, method_opts, draft_model)
+    options = build_method_options(method, method_opts, draft_model, heads_dir)
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))
         session.set_method(method, options)
