@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,11 +90,10 @@ def _trained(key: str) -> list[InstalledHead]:
         folder = heads_root() / key / kind
         marker = read_marker(folder)
         if marker and (folder / "config.json").is_file():
-            steps = marker.get("steps")
-            detail = f"trained here{f', {steps} steps' if steps else ''}"
-            if marker.get("created"):
-                detail += f", {marker['created']}"
-            found.append(InstalledHead(kind, folder, "trained", f"{key}/{kind}", detail))
+            parts = [f"{marker['steps']} steps" if marker.get("steps") else "", str(marker.get("created") or "")]
+            if marker.get("interrupted"):
+                parts.append("interrupted")
+            found.append(InstalledHead(kind, folder, "trained", f"{kind} heads", ", ".join(p for p in parts if p)))
     return found
 
 
@@ -133,3 +136,28 @@ def trained_accelerators(key: str) -> list[dict[str, Any]]:
             "commit": None, "status": "trained", "detail": head.detail, "size_bytes": size, "path": str(head.path),
         })  # fmt: skip
     return rows
+
+
+def replace_dir(folder: Path, write: Callable[[Path], None]) -> None:
+    """Fill a fresh hidden sibling of `folder` with `write(tmp)`, then swap it in for `folder`.
+
+    Readers see the old heads or the new ones, never half of either; a failure (or
+    Ctrl-C) inside `write` leaves `folder` as it was.
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
+        if folder.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+            os.replace(folder, old / folder.name)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
