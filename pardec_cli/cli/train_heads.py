@@ -55,7 +55,7 @@ def train_heads(model: str | None, dtype: str, device: str, offline: bool | None
     """
     from pardec_cli.session import Session
     from pardec_cli.training.progress import ProgressLine, clock
-    from pardec_cli.training.run import TrainOptions, train_heads as run
+    from pardec_cli.training.run import TrainingInterrupted, TrainOptions, train_heads as run
 
     options = TrainOptions(
         kind=kind, data=data, steps=steps, budget_s=budget_min * 60 if budget_min else None, num_heads=num_heads,
@@ -73,12 +73,10 @@ def train_heads(model: str | None, dtype: str, device: str, offline: bool | None
     say(f"training {kind} heads for {session.model_name} ({session.dtype} on {session.device})")
     try:
         result = run(session, options, say=say, show=line.show)
-    except KeyboardInterrupt:
+    except TrainingInterrupted as stop:
         line.clear()
-        from pardec_cli.store.heads import trained_heads_dir
-
-        click.echo(f"pardec: interrupted: the heads trained so far are saved in {trained_heads_dir(session.heads_key(), kind)}",
-                   err=True)  # fmt: skip
+        where = f" in {stop.saved}" if stop.saved else ""
+        click.echo(f"pardec: stopped: {stop.kept}{where}", err=True)
         raise
     line.clear()
     state = result.state

@@ -268,8 +268,9 @@ class EagleDrafter(nn.Module):
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.rotary = config.rotary()
-        # The target's embedding: shared, frozen, never saved with the head.
-        self.embed_weight = embed_weight
+        # The target's embedding: shared, frozen, never saved with the head (a plain
+        # tensor, not a Parameter, so the module does not own it).
+        self.embed_weight = embed_weight.detach()
         self.vocab: DraftVocab | None = None
 
     @property

@@ -59,6 +59,14 @@ class TrainOptions:
     checkpoint_s: float = 300.0
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `train_heads`: where the heads were saved (None: before training began) and what was kept."""
+
+    def __init__(self, saved: Path | None, kept: str) -> None:
+        super().__init__(kept)
+        self.saved, self.kept = saved, kept
+
+
 @dataclass
 class TrainResult:
     folder: Path
@@ -91,7 +99,10 @@ def train_heads(session: Any, options: TrainOptions, *, say: Say, show: Show) ->
     target.model.requires_grad_(False)
     torch.manual_seed(options.seed)
 
-    sequences, source = _corpus(session, options, key, deadline, say, show)
+    try:
+        sequences, source = _corpus(session, options, key, deadline, say, show)
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(None, "the replies generated so far are cached for the next run") from None
     previous = read_marker(folder) if options.resume else {}
     if options.resume and not previous:
         raise PardecUsageError(f"--resume: no {options.kind} heads to resume in {folder}")
@@ -101,7 +112,10 @@ def train_heads(session: Any, options: TrainOptions, *, say: Say, show: Show) ->
     layers = eagle3_feature_layers(int(target.config.num_hidden_layers)) if options.kind == "eagle3" else (-1,)
     target.check_feature_layers(layers)
     show(f"computing the model's hidden states over {len(sequences)} sequences")
-    data = compute_features(target, sequences, layers, report=lambda i, n: show(f"hidden states: {i}/{n} sequences"))
+    try:
+        data = compute_features(target, sequences, layers, report=lambda i, n: show(f"hidden states: {i}/{n} sequences"))
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(None, "the replies are cached for the next run") from None
     notes = []
     if len(data) < len(sequences):
         notes.append(f"used {len(data)} of {len(sequences)} sequences (memory limit for the hidden states)")
@@ -141,7 +155,10 @@ def train_heads(session: Any, options: TrainOptions, *, say: Say, show: Show) ->
              f"{clock(state.seconds)} elapsed, {clock(eta)} left")  # fmt: skip
 
     trainer = Trainer(objective, settings, save=save, report=report, state=state, optimizer_state=optimizer_state)
-    final = trainer.run()
+    try:
+        final = trainer.run()
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(folder, f"the heads trained so far ({trainer.state.step} steps) are saved") from None
     return TrainResult(folder, final, evaluation, len(data), data.num_tokens, len(vocab_ids), notes)
 
 
