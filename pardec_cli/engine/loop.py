@@ -13,6 +13,11 @@ A chain is the one-branch tree: it runs without a custom mask (the model's own c
 mask is the tree mask of a chain) and its kept path is a prefix, so compaction is a
 crop. Everything else is the same code for chains and trees.
 
+Methods that read the target's hidden states (Medusa, EAGLE) say which in
+`feature_layers`; the same forwards then return them (no second pass), and the loop
+hands those of the prompt to `proposer.prefilled` and those of the root and the kept
+path to `proposer.update` (`Outcome.features`). Other methods pay nothing for it.
+
 Invariant: the cache holds every context token except the last one, which is fed as
 the first input of the next step. So a step that keeps `a` drafted tokens leaves
 (len(context_before) - 1) + 1 + a positions in the cache.

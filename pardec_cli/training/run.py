@@ -177,11 +177,15 @@ def _corpus(
         # Replies get at most half of the time budget; training needs the rest.
         stop = None if deadline is None else began + (deadline - began) / 2
 
+        cached: list[int] = []  # prompts already replied to in an earlier run
+
         def report(done: int, total: int, tokens: int) -> None:
             from pardec_cli.training.progress import clock
 
-            rate = done / max(perf_counter() - began, 1e-6)
-            eta = f", about {clock((total - done) / rate)} left" if 0 < done < total and rate > 0 else ""
+            if not cached:
+                cached.append(done)
+            rate = (done - cached[0]) / max(perf_counter() - began, 1e-6)
+            eta = f", about {clock((total - done) / rate)} left" if done < total and rate > 0 else ""
             show(f"generating the model's replies: {done}/{total} prompts, {tokens} tokens{eta}")
 
         replies = distill(session, prompts, reply_tokens=options.reply_tokens, cache_file=cache,
