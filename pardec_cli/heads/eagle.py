@@ -23,6 +23,7 @@ entry per position whose target state it has seen.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +62,7 @@ class EagleConfig:
     vocab_size: int
     target_hidden_size: int
     draft_vocab_size: int = 0  # EAGLE-3 only
-    fc_bias: bool = True  # EAGLE-1 only
+    fc_bias: bool = True  # EAGLE-1 heads have one, EAGLE-3 heads none
     qkv_bias: bool = False
     raw: Mapping[str, Any] | None = None  # the whole config.json, for the rotary embedding
 
@@ -82,7 +83,7 @@ class EagleConfig:
                 vocab_size=int(raw["vocab_size"]),
                 target_hidden_size=int(raw.get("target_hidden_size") or hidden),
                 draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]) if version == 3 else 0,
-                fc_bias=bool(raw.get("bias", True)),
+                fc_bias=bool(raw.get("bias", version == 1)),  # EAGLE-3's fc has none
                 qkv_bias=bool(raw.get("qkv_bias", raw.get("attention_bias", False))),
                 raw=dict(raw),
             )
@@ -258,7 +259,7 @@ class EagleDrafter(nn.Module):
         self.config = config
         h = config.hidden_size
         in_features = 2 * h if config.version == 1 else 3 * config.target_hidden_size
-        self.fc = nn.Linear(in_features, h, bias=config.fc_bias if config.version == 1 else False)
+        self.fc = nn.Linear(in_features, h, bias=config.fc_bias)
         if config.version == 1:
             self.layers = nn.ModuleList([DraftLayer(config)])
         else:
@@ -337,7 +338,12 @@ def load_eagle(folder: Path, target: Any, model_name: str, *, draft_vocab: list[
     tensors = {k: v for k, v in load_tensors(find_weights(folder, WEIGHT_FILES, what), what).items()
                if not k.endswith(_IGNORED_SUFFIXES)}  # fmt: skip
     version = detect_version(raw, tensors)
-    config = EagleConfig.from_json(raw, version, what)
+    # Biases as the tensors have them (configs disagree on how to say so: "bias", "qkv_bias").
+    layer = "layers.0" if version == 1 else "midlayer"
+    config = dataclasses.replace(
+        EagleConfig.from_json(raw, version, what),
+        fc_bias="fc.bias" in tensors, qkv_bias=f"{layer}.self_attn.q_proj.bias" in tensors,
+    )  # fmt: skip
     model_config = target.config
     target_hidden, target_layers = int(model_config.hidden_size), int(model_config.num_hidden_layers)
     vocab = target.vocab_size

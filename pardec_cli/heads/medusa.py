@@ -47,10 +47,10 @@ class ResidualBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    """The residual blocks of every head; their output layers live in `vocabs`.
+    """The residual blocks of every head, and their LM heads.
 
-    `vocabs` holds one `DraftVocab` shared by all heads (their LM heads equal the
-    target's) or one per head.
+    `lm_heads` holds one [V, h] matrix shared by all heads (their LM heads equal the
+    target's) or one per head; `use_vocab` chooses the tokens they draft from.
     """
 
     def __init__(self, num_heads: int, num_layers: int, hidden: int) -> None:
@@ -59,7 +59,12 @@ class MedusaHeads(nn.Module):
         self.blocks = nn.ModuleList(
             nn.Sequential(*(ResidualBlock(hidden) for _ in range(num_layers))) for _ in range(num_heads)
         )
+        self.lm_heads: list[torch.Tensor] = []
         self.vocabs: list[DraftVocab] = []
+
+    def use_vocab(self, token_ids: Sequence[int] | None) -> None:
+        """Draft from `token_ids` only (None: the whole vocabulary)."""
+        self.vocabs = [DraftVocab.restricted(weight, token_ids) for weight in self.lm_heads]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., h] -> every head's LM-head input [..., H, h]."""
@@ -131,9 +136,10 @@ def load_medusa(folder: Path, target: Any, model_name: str, *, draft_vocab: Sequ
     lm_head = target.model.get_output_embeddings().weight  # [V, h]
     own = [expect_shape(tensors, f"{h}.{num_layers}.weight", tuple(lm_head.shape), what) for h in range(num_heads)]
     if all(_same(w, lm_head) for w in own):
-        heads.vocabs = [DraftVocab.restricted(lm_head, draft_vocab)]
+        heads.lm_heads = [lm_head]
     else:
-        heads.vocabs = [DraftVocab.restricted(w.to(device=target.device, dtype=target.dtype), draft_vocab) for w in own]
+        heads.lm_heads = [w.to(device=target.device, dtype=target.dtype) for w in own]
+    heads.use_vocab(draft_vocab)
     return heads.eval().requires_grad_(False)
 
 

@@ -29,8 +29,9 @@ from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.heads.eagle import DraftCache, EagleDrafter, eagle3_feature_layers, load_eagle
 from pardec_cli.heads.files import read_marker
+from pardec_cli.heads.vocab import DraftVocab
 from pardec_cli.methods.base import MethodEnv
-from pardec_cli.methods.heads_support import draft_vocabulary, locate_heads
+from pardec_cli.methods.heads_support import draft_vocabulary, locate_heads, with_prompt_tokens
 
 
 class Eagle:
@@ -58,6 +59,8 @@ class Eagle:
         self.drafter: EagleDrafter = drafter
         assert drafter.vocab is not None
         self.vocab = drafter.vocab
+        self.vocab_ids = vocab  # EAGLE-1 with a draft vocabulary: extended by each prompt's tokens
+        self.lm_head = env.target.model.get_output_embeddings().weight
         self.folder = folder
         self.topk, self.depth, self.nodes = min(topk, len(self.vocab)), depth, nodes
         layers = int(env.target.config.num_hidden_layers)
@@ -68,6 +71,9 @@ class Eagle:
     def start(self, ctx: StartContext) -> None:
         self.cache = DraftCache()
         self._pending = []
+        if self.vocab_ids is not None:
+            ids = with_prompt_tokens(self.vocab_ids, ctx.prompt_ids, int(self.lm_head.shape[0]))
+            self.vocab = DraftVocab.restricted(self.lm_head, ids)
 
     def prefilled(self, features: torch.Tensor) -> None:
         self._pending = [features]
@@ -135,7 +141,7 @@ class Eagle:
         return _rerank(tokens, parents, scores, self.nodes)
 
     def knobs(self) -> dict[str, Any]:
-        vocab = 0 if self.vocab.ids is None or self.version == 3 else len(self.vocab)
+        vocab = len(self.vocab_ids) if self.vocab_ids is not None else 0
         return {"heads": str(self.folder), "topk": self.topk, "depth": self.depth, "nodes": self.nodes,
                 "draft_vocab": vocab}  # fmt: skip
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ def locate_heads(env: MethodEnv, kind: str, explicit: str) -> Path:
 def draft_vocabulary(marker: dict[str, Any], size: int) -> list[int] | None:
     """The target ids to draft from: `size` -1 takes the heads' own draft vocabulary (pardec-trained
     heads ship the tokens of their corpus, most frequent first), 0 the whole vocabulary, N > 0
-    the N most frequent of the heads' own."""
+    the N most frequent of the heads' own. Each generation adds its prompt's tokens
+    (`with_prompt_tokens`)."""
     own = marker.get("draft_vocab")
     own = [int(t) for t in own] if isinstance(own, list) else None
     if size == 0 or (size < 0 and not own):
@@ -45,3 +47,15 @@ def draft_vocabulary(marker: dict[str, Any], size: int) -> list[int] | None:
             hint="use -O draft_vocab=0 (the whole vocabulary)",
         )
     return own[:size]
+
+
+def with_prompt_tokens(base: list[int] | None, prompt: Sequence[int], vocab_size: int) -> list[int] | None:
+    """A draft vocabulary plus the prompt's own tokens (None stays None: the whole vocabulary).
+
+    A corpus vocabulary misses the names, numbers and code identifiers of a new prompt,
+    which replies often copy; adding them costs a few rows.
+    """
+    if base is None:
+        return None
+    have = set(base)
+    return base + [t for t in dict.fromkeys(int(t) for t in prompt) if t not in have and 0 <= t < vocab_size]

@@ -22,7 +22,7 @@ from pardec_cli.errors import PardecUsageError
 from pardec_cli.heads.files import read_marker
 from pardec_cli.heads.medusa import load_medusa
 from pardec_cli.methods.base import MethodEnv
-from pardec_cli.methods.heads_support import draft_vocabulary, locate_heads
+from pardec_cli.methods.heads_support import draft_vocabulary, locate_heads, with_prompt_tokens
 from pardec_cli.methods.recycling import tree_template
 
 # Medusa's default tree for Vicuna-7B (FasterDecoding/Medusa, medusa_choices.py): each
@@ -74,6 +74,7 @@ class Medusa:
         folder = locate_heads(env, "medusa", heads)
         vocab = draft_vocabulary(read_marker(folder), draft_vocab)
         self.heads = load_medusa(folder, env.target, env.model_name, draft_vocab=vocab)
+        self.vocab_ids, self.vocab_size = vocab, env.target.vocab_size
         self.folder = folder
         self.depth = min(depth or self.heads.num_heads, self.heads.num_heads)
         self.width = min(width, min(len(v) for v in self.heads.vocabs))
@@ -88,6 +89,8 @@ class Medusa:
 
     def start(self, ctx: StartContext) -> None:
         self._state = None
+        if self.vocab_ids is not None:
+            self.heads.use_vocab(with_prompt_tokens(self.vocab_ids, ctx.prompt_ids, self.vocab_size))
 
     def prefilled(self, features) -> None:
         self._state = features[-1]

@@ -43,7 +43,7 @@ def draft_index(vocab_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
 class MedusaObjective:
     """Cross-entropy of every head against the token it guesses, over single positions."""
 
-    def __init__(self, heads: MedusaHeads, vocab: DraftVocab, to_draft: torch.Tensor, *, batch_positions: int = 2048) -> None:
+    def __init__(self, heads: MedusaHeads, vocab: DraftVocab, to_draft: torch.Tensor, *, batch_positions: int = 1024) -> None:
         self.heads, self.vocab, self.to_draft = heads, vocab, to_draft
         self.batch_positions = batch_positions
         self.weights = torch.tensor([0.8**k for k in range(heads.num_heads)])
@@ -113,8 +113,8 @@ class EagleObjective:
     """EAGLE's losses over whole sequences (windows), with `unroll` training-time-test steps."""
 
     def __init__(
-        self, drafter: EagleDrafter, vocab: DraftVocab, to_draft: torch.Tensor, *, batch_sequences: int = 8,
-        max_len: int = 384, unroll: int = 2, regression: bool = True, noise: float = 0.05,
+        self, drafter: EagleDrafter, vocab: DraftVocab, to_draft: torch.Tensor, *, batch_sequences: int = 4,
+        max_len: int = 256, unroll: int = 2, regression: bool = True, noise: float = 0.05,
     ) -> None:  # fmt: skip
         self.drafter, self.vocab, self.to_draft = drafter, vocab, to_draft
         self.batch_sequences, self.max_len, self.unroll = batch_sequences, max_len, max(1, unroll)

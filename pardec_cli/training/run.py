@@ -53,7 +53,7 @@ class TrainOptions:
     lr: float | None = None
     unroll: int = 2  # EAGLE training-time-test steps
     batch_size: int = 16  # replies generated at once
-    max_len: int = 384
+    max_len: int = 256  # tokens per EAGLE training window (and per chunk of plain text)
     resume: bool = False
     seed: int = 0
     checkpoint_s: float = 300.0
