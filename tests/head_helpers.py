@@ -27,12 +27,13 @@ def llama_head_config(model, **extra) -> dict:
 
 
 def _layer_tensors(prefix: str, hidden: int, inner: int, heads: int, kv_heads: int, in_size: int, gen) -> dict:
+    s = 0.2
     head_dim = hidden // heads
     return {
-        f"{prefix}.self_attn.q_proj.weight": torch.randn(heads * head_dim, in_size, generator=gen) * 0.2,
-        f"{prefix}.self_attn.k_proj.weight": torch.randn(kv_heads * head_dim, in_size, generator=gen) * 0.2,
-        f"{prefix}.self_attn.v_proj.weight": torch.randn(kv_heads * head_dim, in_size, generator=gen) * 0.2,
-        f"{prefix}.self_attn.o_proj.weight": torch.randn(hidden, heads * head_dim, generator=gen) * 0.2,
+        f"{prefix}.self_attn.q_proj.weight": torch.randn(heads * head_dim, in_size, generator=gen) * s,
+        f"{prefix}.self_attn.k_proj.weight": torch.randn(kv_heads * head_dim, in_size, generator=gen) * s,
+        f"{prefix}.self_attn.v_proj.weight": torch.randn(kv_heads * head_dim, in_size, generator=gen) * s,
+        f"{prefix}.self_attn.o_proj.weight": torch.randn(hidden, heads * head_dim, generator=gen) * s,
         f"{prefix}.mlp.gate_proj.weight": torch.randn(inner, hidden, generator=gen) * 0.2,
         f"{prefix}.mlp.up_proj.weight": torch.randn(inner, hidden, generator=gen) * 0.2,
         f"{prefix}.mlp.down_proj.weight": torch.randn(hidden, inner, generator=gen) * 0.2,

@@ -56,7 +56,7 @@ def run(method, options, model, folders, prompt, *, max_new_tokens, eos=(), samp
 # --------------------------------------------------------------------- exactness
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("sharp", [True, False], ids=["peaked", "flat"])
 @pytest.mark.parametrize("method,options", HEAD_CASES, ids=str)
 def test_greedy_with_random_heads_equals_plain_decoding(heads_for, method, options, seed, sharp):
@@ -94,6 +94,55 @@ def test_one_proposer_serves_several_generations(heads_for):
             prompt = random_prompt(seed)
             events = decode(env.target, proposer, prompt, max_new_tokens=20)
             assert [t for e in events for t in e.tokens] == hf_greedy(model, prompt, 20)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_trees_equal_drafting_each_path_one_token_at_a_time(heads_for, method):
+    """The tree's masks, positions and hidden-state routing: every expanded node's children are
+    the draft's top-k after that node's path, best first, as one-token-at-a-time drafting gives."""
+    from pardec_cli.engine.proposal import StartContext
+
+    model = tiny_llama(2, layers=5)
+    env = head_env(model, heads_for(model, 2))
+    k = 3
+    proposer = registry.create(method, {"topk": k, "depth": 4, "nodes": 1000}, env)  # keep every candidate
+    prompt = random_prompt(2)
+    context = prompt + hf_greedy(model, prompt, 12)
+    n = len(context) - 1
+    with torch.no_grad():
+        features = env.target.forward_features(context[:-1], env.target.new_cache(), proposer.feature_layers)[1]
+    proposer.start(StartContext(env.target, tuple(prompt), SamplingParams(), None))
+    proposer.prefilled(features)
+    draft = proposer.propose(context, 10)
+    assert len(proposer.cache) == n, "the tree's entries must be cropped from the draft cache"
+    assert len(draft) == k + 3 * k * k  # level 1, then k expanded nodes x k children per level
+    drafter, vocab = proposer.drafter, proposer.vocab
+    children = {node: [c for c, p in enumerate(draft.parents) if p == node] for node in range(-1, len(draft))}
+    expanded = [node for node, kids in children.items() if kids]
+    assert len(expanded) == 1 + 3 * k  # the root, and k nodes at each of levels 1, 2 and 3
+
+    def path_to(node):
+        path = []
+        while node >= 0:
+            path.insert(0, draft.tokens[node])
+            node = draft.parents[node]
+        return path
+
+    with torch.no_grad():
+        stable = DraftCache()
+        root = drafter(features[None], torch.tensor([context[1:]]), torch.arange(n)[None], cache=stable)[0, -1]
+        for node in expanded:
+            cache = DraftCache()
+            cache.append(stable.keys, stable.values)
+            out, score = root, 0.0
+            for depth, token in enumerate(path_to(node)):
+                log_probs, ids = vocab.top(drafter.head_input(out)[None], len(vocab))
+                score += float(log_probs[0, ids[0].tolist().index(token)])
+                out = drafter(out[None, None], torch.tensor([[token]]), torch.tensor([[n + depth]]), cache=cache)[0, -1]
+            if node >= 0:
+                assert proposer.last_scores[node] == pytest.approx(score, abs=1e-4), node
+            best = vocab.top(drafter.head_input(out)[None], k)[1][0].tolist()
+            assert [draft.tokens[c] for c in children[node]] == best, node
 
 
 # ------------------------------------------------------------------ sampling

@@ -67,6 +67,8 @@ class Eagle:
         self.feature_layers = (-1,) if self.version == 1 else eagle3_feature_layers(layers)
         self.cache = DraftCache()
         self._pending: list[torch.Tensor] = []  # target features not yet fed to the draft layer, [*, F] each
+        # The draft confidence of each node of the last draft: its path's summed draft log-probabilities.
+        self.last_scores: tuple[float, ...] = ()
 
     def start(self, ctx: StartContext) -> None:
         self.cache = DraftCache()
@@ -138,7 +140,8 @@ class Eagle:
             best = torch.topk(cumulative.flatten(), min(k, cumulative.numel())).indices  # next frontier
             frontier = [first + int(i) for i in best]
             inputs = out.index_select(0, best // child_ids.shape[1])
-        return _rerank(tokens, parents, scores, self.nodes)
+        draft, self.last_scores = _rerank(tokens, parents, scores, self.nodes)
+        return draft
 
     def knobs(self) -> dict[str, Any]:
         vocab = len(self.vocab_ids) if self.vocab_ids is not None else 0
@@ -154,8 +157,8 @@ class Eagle3(Eagle):
     version = 3
 
 
-def _rerank(tokens: list[int], parents: list[int], scores: list[float], nodes: int) -> Draft:
-    """The `nodes` best-scoring candidates, as a draft tree in creation order (parents first).
+def _rerank(tokens: list[int], parents: list[int], scores: list[float], nodes: int) -> tuple[Draft, tuple[float, ...]]:
+    """The `nodes` best-scoring candidates, as a draft tree in creation order (parents first), and their scores.
 
     A child's score never exceeds its parent's, and a parent was created first, so
     walking candidates by (score desc, creation asc) meets every parent before its
@@ -170,4 +173,5 @@ def _rerank(tokens: list[int], parents: list[int], scores: list[float], nodes: i
             kept.add(cand)
     chosen = sorted(kept)
     index = {cand: i for i, cand in enumerate(chosen)}
-    return Draft.tree([tokens[c] for c in chosen], [index[parents[c]] if parents[c] >= 0 else -1 for c in chosen])
+    draft = Draft.tree([tokens[c] for c in chosen], [index[parents[c]] if parents[c] >= 0 else -1 for c in chosen])
+    return draft, tuple(scores[c] for c in chosen)

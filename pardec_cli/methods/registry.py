@@ -49,7 +49,7 @@ _ADAPTIVE_DRAFT = (
 _HEADS = MethodOption("heads", str, "", "heads directory (default: the heads installed for the model; also --heads DIR)")
 _DRAFT_VOCAB = MethodOption(
     "draft_vocab", int, -1,
-    "draft from the N most frequent tokens of the heads' corpus (-1: all the heads ship, 0: the whole vocabulary)",
+    "draft from the N most frequent tokens of the heads' corpus, plus the prompt's (-1: all the heads ship, 0: the whole vocabulary)",
 )
 _EAGLE_OPTIONS = (
     _HEADS,
