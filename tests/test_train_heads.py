@@ -88,8 +88,17 @@ def test_ctrl_c_saves_the_heads_and_resume_continues(tiny_chat_model, monkeypatc
     assert marker["steps"] == 5 and marker["interrupted"] is True
     assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
     monkeypatch.setattr(run_module.Trainer, "run", original)
+    cache = folder.parent / ".cache"
+    assert len(list(cache.glob("distilled-*.jsonl"))) == 1 and len(list(cache.glob("features-*.safetensors"))) == 1
+
+    def no_target_runs(*args, **kwargs):
+        raise AssertionError("the cached replies and hidden states should have been reused")
+
+    monkeypatch.setattr(session.target, "forward_features", no_target_runs)
+    monkeypatch.setattr(session.target.model, "generate", no_target_runs)
     result = _train(session, "eagle", steps=10, resume=True)
     assert result.state.step == 15
+    monkeypatch.undo()
     session.set_method("eagle")  # still loadable
 
 

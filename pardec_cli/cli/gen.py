@@ -75,6 +75,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
       pardec gen "What is speculative decoding?"
       pardec gen --method layerskip -O layer_list=0-9,20-29 --stats "Explain the KV cache"
       pardec gen --method draft --draft-model smollm2-135m -m smollm2-1.7b "Hi"
+      pardec gen --method eagle --stats "Hi"         heads from `pardec train-heads --kind eagle`
       pardec gen --temp 0.7 --seed 1 --stop "\\n\\n" "Write a limerick"
       pardec gen --json "Hi" | jq -r .stats.tokens_per_s
       pardec gen --prompts spec_bench.jsonl -n 64 > results.jsonl

@@ -135,17 +135,16 @@ def load_medusa(folder: Path, target: Any, model_name: str, *, draft_vocab: Sequ
     heads.to(device=target.device, dtype=target.dtype)
     lm_head = target.model.get_output_embeddings().weight  # [V, h]
     own = [expect_shape(tensors, f"{h}.{num_layers}.weight", tuple(lm_head.shape), what) for h in range(num_heads)]
-    if all(_same(w, lm_head) for w in own):
+    as_saved: dict[torch.dtype, torch.Tensor] = {}  # the target's LM head in each dtype the heads use
+    for w in own:
+        as_saved.setdefault(w.dtype, lm_head.detach().to(device="cpu", dtype=w.dtype))
+    if all(torch.equal(w, as_saved[w.dtype]) for w in own):
+        # Every head's LM head is the target's own (possibly stored in a narrower dtype): share it.
         heads.lm_heads = [lm_head]
     else:
         heads.lm_heads = [w.to(device=target.device, dtype=target.dtype) for w in own]
     heads.use_vocab(draft_vocab)
     return heads.eval().requires_grad_(False)
-
-
-def _same(saved: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a saved LM head is the target's own (possibly stored in a narrower dtype)."""
-    return bool(torch.equal(saved, weight.detach().to(device="cpu", dtype=saved.dtype)))
 
 
 def save_medusa(

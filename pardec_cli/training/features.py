@@ -1,14 +1,20 @@
 """The frozen target's hidden states over a corpus, computed once and kept for every epoch.
 
 One forward per sequence (no LM head: only the last position's logits are formed), under
-no_grad (not inference mode: the states are later inputs of ops that autograd records); the chosen states are kept in memory, as [L, F] float tensors. A corpus
+no_grad (not inference mode: the states are later inputs of ops that autograd records);
+the chosen states are kept in memory as [L, F] float tensors, and saved to a cache file
+(safetensors, named by a hash of the sequences and layers) that the next run -- of
+another head kind, or a --resume -- loads instead of running the target again. A corpus
 whose states would not fit `max_bytes` is cut (the report says how much was used).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -42,15 +48,34 @@ class FeatureSet:
         return pick(keep), pick(held)
 
 
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A cheap fingerprint of a model's weights (sums of a few slices), so caches follow re-imported weights."""
+    params = list(model.parameters())
+    picked = [params[0], params[len(params) // 2], params[-1]]
+    return ",".join(f"{float(p.detach().flatten()[:4096].double().sum()):.6e}" for p in picked)
+
+
+def features_cache_file(folder: Path, sequences: Sequence[TrainingSequence], layers: Sequence[int], fingerprint: str) -> Path:
+    """Where the states of these sequences and layers, from the model with this fingerprint, are cached."""
+    key = [fingerprint, list(layers), [[s.tokens, s.learn_from] for s in sequences]]
+    digest = hashlib.sha1(json.dumps(key).encode()).hexdigest()
+    return folder / f"features-{digest[:16]}.safetensors"
+
+
 def compute_features(
     target: object,
     sequences: Sequence[TrainingSequence],
     layers: Sequence[int],
     *,
     max_bytes: int = 3 << 30,
+    cache_file: Path | None = None,
     report: Callable[[int, int], None] | None = None,
 ) -> FeatureSet:
     """Run the target (a LanguageModel) over each sequence and keep the hidden states `layers` names."""
+    if cache_file is not None and cache_file.is_file():
+        cached = _load(cache_file)
+        if cached is not None:
+            return cached
     out = FeatureSet([], [], [])
     used = 0
     with torch.no_grad():
@@ -66,4 +91,31 @@ def compute_features(
             out.learn_from.append(seq.learn_from)
             if report:
                 report(index + 1, len(sequences))
+    if cache_file is not None:
+        _save(out, cache_file)
     return out
+
+
+def _save(data: FeatureSet, file: Path) -> None:
+    """One safetensors file: all states [N, F], all tokens [N], and per sequence its length and label start."""
+    from safetensors.torch import save_file
+
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(file.name + ".tmp")
+    save_file({
+        "features": torch.cat(data.features), "tokens": torch.cat(data.tokens),
+        "lengths": torch.tensor([t.shape[0] for t in data.tokens]), "learn_from": torch.tensor(data.learn_from),
+    }, str(tmp))  # fmt: skip
+    tmp.replace(file)
+
+
+def _load(file: Path) -> FeatureSet | None:
+    from safetensors.torch import load_file
+
+    try:
+        saved = load_file(str(file))
+        lengths = saved["lengths"].tolist()
+        return FeatureSet(list(saved["tokens"].split(lengths)), list(saved["features"].split(lengths)),
+                          saved["learn_from"].tolist())  # fmt: skip
+    except Exception:  # a damaged cache is recomputed
+        return None

@@ -30,7 +30,7 @@ from pardec_cli.heads.medusa import MedusaHeads, save_medusa
 from pardec_cli.heads.vocab import DraftVocab
 from pardec_cli.store.heads import HEAD_KINDS, heads_root, replace_dir, trained_heads_dir
 from pardec_cli.training.corpus import TrainingSequence, distill, distill_cache_file, read_corpus, text_sequences
-from pardec_cli.training.features import FeatureSet, compute_features
+from pardec_cli.training.features import compute_features, features_cache_file, weights_fingerprint
 from pardec_cli.training.objectives import EagleObjective, MedusaObjective, draft_index
 from pardec_cli.training.trainer import Trainer, TrainSettings, TrainState
 
@@ -113,7 +113,11 @@ def train_heads(session: Any, options: TrainOptions, *, say: Say, show: Show) ->
     target.check_feature_layers(layers)
     show(f"computing the model's hidden states over {len(sequences)} sequences")
     try:
-        data = compute_features(target, sequences, layers, report=lambda i, n: show(f"hidden states: {i}/{n} sequences"))
+        data = compute_features(
+            target, sequences, layers,
+            cache_file=features_cache_file(heads_root() / key / ".cache", sequences, layers, weights_fingerprint(target.model)),
+            report=lambda i, n: show(f"hidden states: {i}/{n} sequences"),
+        )  # fmt: skip
     except KeyboardInterrupt:
         raise TrainingInterrupted(None, "the replies are cached for the next run") from None
     notes = []
