@@ -98,8 +98,7 @@ def test_ctrl_c_saves_the_heads_and_resume_continues(tiny_chat_model, monkeypatc
     monkeypatch.setattr(session.target.model, "generate", no_target_runs)
     result = _train(session, "eagle", steps=10, resume=True)
     assert result.state.step == 15
-    monkeypatch.undo()
-    session.set_method("eagle")  # still loadable
+    _session(tiny_chat_model).set_method("eagle")  # still loadable
 
 
 def test_train_heads_command_installs_heads_that_gen_list_and_show_find(tiny_chat_model):

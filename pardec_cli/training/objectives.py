@@ -1,20 +1,27 @@
 """What a head learns, as a loss over batches of precomputed target features.
 
-Labels are the corpus' own next tokens (for self-distilled replies: exactly the target's
-greedy choices). Cross-entropies are over the draft vocabulary (the tokens the heads
-will draft from; labels outside it are skipped), which keeps the output layer small
-enough to train on a CPU and matches what the heads score at generation time.
+The labels are the target's own next-token distributions, read off the features with its
+LM head (after position j the target predicts softmax(LMhead(h[j]))); the loss is the KL
+divergence from them, 0 for a head that guesses exactly like the target. So every
+position of every sequence teaches what the target itself would say there -- in a
+prompt as in a reply, in any text given with --data -- and for the target's own greedy
+replies the most likely label is exactly the token that follows. Distributions are over
+the draft vocabulary (the tokens the heads will draft from), which keeps the output
+layer small enough to train on a CPU and matches what the heads score when drafting.
+The held-out metric is the top-1 agreement with the target on reply positions (the
+text the heads will face when drafting).
 
-- Medusa: head k at position i guesses x[i+2+k] from the target's final state h[i];
-  only the residual blocks learn (the LM head stays the target's), losses weighted
-  0.8^k (Medusa-1).
+- Medusa: head k at position i guesses the token after position i+1+k from the
+  target's final state h[i] (Medusa-1: only the residual blocks learn, the LM head is
+  the target's), losses weighted 0.8^k.
 - EAGLE: at position i the head reads (h[i], x[i+1]) and outputs a guess of h[i+1];
   EAGLE-1 learns it by regression (smooth L1, weight 1) plus the cross-entropy of the
-  target's LM head on it against x[i+2] (weight 0.1), as in the paper; EAGLE-3 by the
-  cross-entropy of its own head alone. Training-time test (EAGLE-3, HASS): `unroll`
-  steps; step j feeds the head its own step j-1 output from position i-1 in place of
-  h[i], attending exactly as a depth-j node of a draft tree does (to the real
-  positions up to i-j+1 and to its own ancestors), so deeper guesses are trained too.
+  target's LM head on it against the target's distribution after i+1 (weight 0.1), as
+  in the paper; EAGLE-3 by the cross-entropy of its own head alone. Training-time test
+  (EAGLE-3, HASS): `unroll` steps; step j feeds the head its own step j-1 output from
+  position i-1 in place of h[i], attending exactly as a depth-j node of a draft tree
+  does (to the real positions up to i-j+1 and to its own ancestors), so deeper guesses
+  are trained too.
 """
 
 from __future__ import annotations
@@ -30,124 +37,147 @@ from pardec_cli.heads.medusa import MedusaHeads
 from pardec_cli.heads.vocab import DraftVocab
 from pardec_cli.training.features import FeatureSet
 
-IGNORE = -100
 
-
-def draft_index(vocab_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
-    """[V] long: target id -> its draft vocabulary index, IGNORE where it has none."""
-    index = torch.full((vocab_size,), IGNORE, dtype=torch.long)
-    index[torch.tensor(list(vocab_ids), dtype=torch.long)] = torch.arange(len(vocab_ids))
-    return index
+def divergence(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """KL(target || head), mean over rows; both [N, Vd] (the cross-entropy minus the target's
+    entropy: the same gradients, and 0 when the head guesses exactly like the target)."""
+    target = torch.log_softmax(target_logits, -1)
+    return (target.exp() * (target - torch.log_softmax(logits, -1))).sum(-1).mean()
 
 
 class MedusaObjective:
-    """Cross-entropy of every head against the token it guesses, over single positions."""
+    """Every head against the target's distribution at the position it guesses, over single positions."""
 
-    def __init__(self, heads: MedusaHeads, vocab: DraftVocab, to_draft: torch.Tensor, *, batch_positions: int = 1024) -> None:
-        self.heads, self.vocab, self.to_draft = heads, vocab, to_draft
+    def __init__(self, heads: MedusaHeads, vocab: DraftVocab, *, batch_positions: int = 1024) -> None:
+        self.heads, self.vocab = heads, vocab  # vocab: the target's LM head on the draft vocabulary
         self.batch_positions = batch_positions
         self.weights = torch.tensor([0.8**k for k in range(heads.num_heads)])
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.heads.parameters()
 
-    def _flatten(self, data: FeatureSet) -> tuple[torch.Tensor, torch.Tensor]:
-        """All positions: features [N, h] and labels [N, H] (draft indices, IGNORE where none)."""
-        features, labels = [], []
-        for tokens, feats, start in zip(data.tokens, data.features, data.learn_from):
-            n = tokens.shape[0]
-            rows = torch.full((n, self.heads.num_heads), IGNORE, dtype=torch.long)
+    def _flatten(self, data: FeatureSet, replies_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """All states [N, h] and, per position and head, the row of the state whose prediction it guesses [N, H] (-1: none)."""
+        features, sources, offset = [], [], 0
+        for feats, start in zip(data.features, data.learn_from):
+            n = feats.shape[0]
+            rows = torch.full((n, self.heads.num_heads), -1, dtype=torch.long)
             for k in range(self.heads.num_heads):
-                shift = 2 + k  # head k at position i guesses x[i + 2 + k]
+                shift = 1 + k  # head k at position i guesses what the target predicts after position i + 1 + k
                 if n > shift:
-                    target = self.to_draft[tokens[shift:]]
-                    target[torch.arange(shift, n) < start] = IGNORE
-                    rows[: n - shift, k] = target
-            keep = (rows != IGNORE).any(dim=1)
-            features.append(feats[keep])
-            labels.append(rows[keep])
-        return torch.cat(features), torch.cat(labels)
+                    rows[: n - shift, k] = torch.arange(shift, n) + offset
+                    if replies_only:  # count only guesses of reply tokens (the token after i+1+k is at i+2+k)
+                        rows[torch.arange(n) + shift + 1 < start, k] = -1
+            features.append(feats)
+            sources.append(rows)
+            offset += n
+        return torch.cat(features), torch.cat(sources)
 
     def bind(self, train: FeatureSet, held_out: FeatureSet) -> None:
-        self.train_x, self.train_y = self._flatten(train)
-        self.eval_x, self.eval_y = self._flatten(held_out) if len(held_out) else (self.train_x[:0], self.train_y[:0])
+        self.train_x, self.train_src = self._flatten(train, replies_only=False)
+        keep = (self.train_src >= 0).any(dim=1)
+        self.train_rows = keep.nonzero().squeeze(1)
+        self.eval_x, self.eval_src = self._flatten(held_out, replies_only=True) if len(held_out) else (None, None)
 
-    @property
-    def positions(self) -> int:
-        return int(self.train_x.shape[0])
-
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weighted loss, top-1 accuracy per head [H]) for features x [N, h], labels y [N, H]."""
-        logits = self.vocab.logits(self.heads(x))  # [N, H, Vd]
-        per_head = torch.stack([
-            F.cross_entropy(logits[:, k], y[:, k], ignore_index=IGNORE) if (y[:, k] != IGNORE).any() else logits.sum() * 0
-            for k in range(self.heads.num_heads)
-        ])  # fmt: skip
-        valid = y != IGNORE
-        hits = (logits.argmax(-1) == y) & valid
-        accuracy = hits.sum(0) / valid.sum(0).clamp(min=1)
-        return (per_head * self.weights).sum() / self.weights.sum(), accuracy
+    def _loss(self, x: torch.Tensor, features: torch.Tensor, src: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weighted loss, top-1 agreement per head [H]) for the positions `rows` of `x`."""
+        logits = self.vocab.logits(self.heads(x[rows]))  # [N, H, Vd]
+        losses, agree = [], []
+        for k in range(self.heads.num_heads):
+            sources = src[rows, k]
+            valid = sources >= 0
+            if not valid.any():
+                losses.append(logits.sum() * 0)
+                agree.append(torch.tensor(0.0))
+                continue
+            with torch.no_grad():
+                target = self.vocab.logits(features[sources[valid]])  # [n_k, Vd]
+            mine = logits[valid, k]
+            losses.append(divergence(mine, target))
+            agree.append((mine.argmax(-1) == target.argmax(-1)).float().mean())
+        return (torch.stack(losses) * self.weights).sum() / self.weights.sum(), torch.stack(agree)
 
     def step_loss(self, generator: torch.Generator) -> tuple[torch.Tensor, float]:
-        pick = torch.randint(0, self.positions, (min(self.batch_positions, self.positions),), generator=generator)
-        loss, accuracy = self.loss(self.train_x[pick], self.train_y[pick])
-        return loss, float(accuracy[0])
+        count = min(self.batch_positions, self.train_rows.shape[0])
+        pick = self.train_rows[torch.randint(0, self.train_rows.shape[0], (count,), generator=generator)]
+        loss, agree = self._loss(self.train_x, self.train_x, self.train_src, pick)
+        return loss, float(agree[0])
 
     def evaluate(self) -> dict[str, Any]:
-        """Top-1 accuracy of each head on the held-out positions."""
-        if self.eval_x.shape[0] == 0:
+        """Top-1 agreement of each head with the target on held-out reply positions."""
+        if self.eval_x is None:
             return {}
         with torch.no_grad():
+            rows = (self.eval_src >= 0).any(dim=1).nonzero().squeeze(1)
             hits = torch.zeros(self.heads.num_heads)
             count = torch.zeros(self.heads.num_heads)
-            for start in range(0, self.eval_x.shape[0], 4096):
-                x, y = self.eval_x[start : start + 4096], self.eval_y[start : start + 4096]
-                logits = self.vocab.logits(self.heads(x))
-                valid = y != IGNORE
-                hits += ((logits.argmax(-1) == y) & valid).sum(0)
-                count += valid.sum(0)
+            for start in range(0, rows.shape[0], 2048):
+                chunk = rows[start : start + 2048]
+                logits = self.vocab.logits(self.heads(self.eval_x[chunk]))
+                for k in range(self.heads.num_heads):
+                    sources = self.eval_src[chunk, k]
+                    valid = sources >= 0
+                    if valid.any():
+                        target = self.vocab.logits(self.eval_x[sources[valid]]).argmax(-1)
+                        hits[k] += (logits[valid, k].argmax(-1) == target).sum()
+                        count[k] += valid.sum()
         return {"top1_per_head": [round(float(h / max(c, 1)), 4) for h, c in zip(hits, count)]}
+
+    def score(self, evaluation: dict[str, Any]) -> float:
+        """One number to keep the best heads by: the 0.8^k-weighted mean top-1."""
+        values = evaluation.get("top1_per_head") or [0.0]
+        weights = self.weights[: len(values)].tolist()
+        return sum(v * w for v, w in zip(values, weights)) / sum(weights)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.heads.state_dict().items()}
+
+    def load(self, state: dict[str, torch.Tensor]) -> None:
+        self.heads.load_state_dict(state)
 
 
 class EagleObjective:
-    """EAGLE's losses over whole sequences (windows), with `unroll` training-time-test steps."""
+    """EAGLE's losses over whole sequences (windows), with `unroll` training-time-test steps.
+
+    `vocab`: what the draft scores with (EAGLE-1: the target's LM head on the draft
+    vocabulary; EAGLE-3: its own head); `target_vocab`: the target's LM head on the
+    draft vocabulary, for the labels. Features are [L, F_in (+ h)]: for EAGLE-3 the
+    last h columns are the target's final state, the labels' source.
+    """
 
     def __init__(
-        self, drafter: EagleDrafter, vocab: DraftVocab, to_draft: torch.Tensor, *, batch_sequences: int = 4,
+        self, drafter: EagleDrafter, vocab: DraftVocab, target_vocab: DraftVocab, *, batch_sequences: int = 4,
         max_len: int = 256, unroll: int = 2, regression: bool = True, noise: float = 0.05,
     ) -> None:  # fmt: skip
-        self.drafter, self.vocab, self.to_draft = drafter, vocab, to_draft
+        self.drafter, self.vocab, self.target_vocab = drafter, vocab, target_vocab
         self.batch_sequences, self.max_len, self.unroll = batch_sequences, max_len, max(1, unroll)
         self.regression, self.noise = regression, noise
+        self.split = drafter.config.target_hidden_size * 3 if drafter.config.version == 3 else None
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return (p for p in self.drafter.parameters() if p.requires_grad)
 
     def bind(self, train: FeatureSet, held_out: FeatureSet) -> None:
         self.train, self.held_out = train, held_out
-        self.feature_scale = float(torch.cat([f[:64] for f in train.features]).std()) if len(train) else 1.0
-
-    @property
-    def positions(self) -> int:
-        return self.train.num_tokens
+        sample = torch.cat([f[:64] for f in train.features]) if len(train) else torch.ones(1, 1)
+        self.feature_scale = float(sample[:, : self.split].std())
 
     def _batch(self, data: FeatureSet, indices: Sequence[int], generator: torch.Generator | None) -> dict[str, torch.Tensor]:
-        """Padded windows: features [B, L, F], tokens [B, L], lengths [B], label starts [B]."""
+        """Padded windows: features [B, L, F], tokens [B, L], lengths [B], reply starts [B]."""
         windows = []
         for i in indices:
             tokens, feats, start = data.tokens[i], data.features[i], data.learn_from[i]
             n = tokens.shape[0]
             offset = 0
-            if n > self.max_len:  # a random window when training, else the one where the labels start
+            if n > self.max_len:  # a random window when training, else the one where the reply starts
                 last = n - self.max_len
                 offset = int(torch.randint(0, last + 1, (1,), generator=generator)) if generator is not None else min(start, last)
             end = min(n, offset + self.max_len)
             windows.append((tokens[offset:end], feats[offset:end], max(0, start - offset)))
         width = max(w[0].shape[0] for w in windows)
-        fdim = windows[0][1].shape[1]
         out = {
             "tokens": torch.zeros(len(windows), width, dtype=torch.long),
-            "features": torch.zeros(len(windows), width, fdim),
+            "features": torch.zeros(len(windows), width, windows[0][1].shape[1]),
             "lengths": torch.tensor([w[0].shape[0] for w in windows]),
             "learn_from": torch.tensor([w[2] for w in windows]),
         }
@@ -157,56 +187,52 @@ class EagleObjective:
         return out
 
     def _forward(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, list[float]]:
-        """(loss, top-1 accuracy per unrolled step) of a padded batch."""
-        tokens, features, lengths, learn_from = batch["tokens"], batch["features"], batch["lengths"], batch["learn_from"]
+        """(loss, top-1 agreement with the target per unrolled step) of a padded batch.
+
+        Training counts every position; evaluation only guesses of reply tokens.
+        """
+        tokens, features, lengths = batch["tokens"], batch["features"], batch["lengths"]
         b, width = tokens.shape
         n = width - 1  # pairs (h[i], x[i+1]) for i < width - 1
         position = torch.arange(n)
-        in_seq = position[None, :] + 1 < lengths[:, None]  # the pair exists: [B, n]
-        # Label of pair i: x[i+2] (as a draft index), when inside the sequence and in the reply.
-        labels = torch.full((b, n), IGNORE, dtype=torch.long)
-        labels[:, : n - 1] = self.to_draft[tokens[:, 2:]]
-        labels[~((position[None, :] + 2 < lengths[:, None]) & (position[None, :] + 2 >= learn_from[:, None]))] = IGNORE
-        inputs = features[:, :n]
+        in_seq = position[None, :] + 1 < lengths[:, None]  # the pair exists, and so does h[i+1]: [B, n]
+        counted = in_seq if train else in_seq & (position[None, :] + 2 >= batch["learn_from"][:, None])
+        inputs = features[:, :n, : self.split]
+        final = features[:, 1 : n + 1, self.split :] if self.split else features[:, 1 : n + 1]  # h[i+1]: [B, n, h]
         if train and self.noise:
             inputs = inputs + torch.randn_like(inputs) * (self.noise * self.feature_scale)
-        next_state = features[:, 1 : n + 1]  # regression target of pair i: h[i+1] (EAGLE-1)
+        with torch.no_grad():
+            target_logits = self.target_vocab.logits(final)  # what the target predicts after x[i+1]: [B, n, Vd]
         positions = position[None, :].expand(b, n)
         step_tokens = tokens[:, 1 : n + 1]
         cache = DraftCache()
-        total, accuracies = torch.zeros(()), []
+        total, agreement = torch.zeros(()), []
         hidden = inputs
         for step in range(1, self.unroll + 1):
             mask = _unrolled_mask(step, n, in_seq)  # [B, 1, n, step * n]
             out = self.drafter(hidden, step_tokens, positions, cache=cache, mask=mask)  # [B, n, h]
-            valid = in_seq & (position[None, :] >= step - 1)
-            step_labels = labels.masked_fill(~valid, IGNORE)
-            logits = self.vocab.logits(self.drafter.head_input(out))  # [B, n, Vd]
+            valid = counted & (position[None, :] >= step - 1)
             weight = 0.8 ** (step - 1)
-            if (step_labels != IGNORE).any():
-                total = total + weight * (0.1 if self.regression else 1.0) * F.cross_entropy(
-                    logits.flatten(0, 1), step_labels.flatten(), ignore_index=IGNORE
-                )
-            if self.regression:
-                reg_valid = valid & (position[None, :] + 2 >= learn_from[:, None])
-                if reg_valid.any():
-                    total = total + weight * F.smooth_l1_loss(out[reg_valid], next_state[reg_valid])
-            with torch.no_grad():
-                counted = step_labels != IGNORE
-                hits = ((logits.argmax(-1) == step_labels) & counted).sum()
-                accuracies.append(float(hits / counted.sum().clamp(min=1)))
-            # Next step: position i reads this step's output at i - 1 (a zero row at 0, never a label).
+            if valid.any():
+                logits = self.vocab.logits(self.drafter.head_input(out[valid]))  # [N, Vd]
+                ce = divergence(logits, target_logits[valid])
+                total = total + weight * (0.1 * ce + F.smooth_l1_loss(out[valid], final[valid]) if self.regression else ce)
+                with torch.no_grad():
+                    agreement.append(float((logits.argmax(-1) == target_logits[valid].argmax(-1)).float().mean()))
+            else:
+                agreement.append(0.0)
+            # Next step: position i reads this step's output at i - 1 (a zero row at 0, never counted).
             hidden = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
-        return total, accuracies
+        return total, agreement
 
     def step_loss(self, generator: torch.Generator) -> tuple[torch.Tensor, float]:
         count = min(self.batch_sequences, len(self.train))
         indices = torch.randint(0, len(self.train), (count,), generator=generator).tolist()
-        loss, accuracies = self._forward(self._batch(self.train, indices, generator), train=True)
-        return loss, accuracies[0]
+        loss, agreement = self._forward(self._batch(self.train, indices, generator), train=True)
+        return loss, agreement[0]
 
     def evaluate(self) -> dict[str, Any]:
-        """Top-1 accuracy on the held-out sequences, per unrolled step (step j: a depth-j guess)."""
+        """Top-1 agreement with the target on held-out reply positions, per unrolled step (step j: a depth-j guess)."""
         if not len(self.held_out):
             return {}
         totals = [0.0] * self.unroll
@@ -214,10 +240,21 @@ class EagleObjective:
         with torch.no_grad():
             for start in range(0, len(self.held_out), self.batch_sequences):
                 indices = list(range(start, min(start + self.batch_sequences, len(self.held_out))))
-                _, accuracies = self._forward(self._batch(self.held_out, indices, None), train=False)
-                totals = [t + a for t, a in zip(totals, accuracies)]
+                _, agreement = self._forward(self._batch(self.held_out, indices, None), train=False)
+                totals = [t + a for t, a in zip(totals, agreement)]
                 batches += 1
         return {"top1_per_depth": [round(t / batches, 4) for t in totals]}
+
+    def score(self, evaluation: dict[str, Any]) -> float:
+        values = evaluation.get("top1_per_depth") or [0.0]
+        weights = [0.8**j for j in range(len(values))]
+        return sum(v * w for v, w in zip(values, weights)) / sum(weights)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.drafter.state_dict().items()}
+
+    def load(self, state: dict[str, torch.Tensor]) -> None:
+        self.drafter.load_state_dict(state)
 
 
 def _unrolled_mask(step: int, n: int, in_seq: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from pardec_cli.heads.vocab import DraftVocab
 from pardec_cli.store.heads import HEAD_KINDS, heads_root, replace_dir, trained_heads_dir
 from pardec_cli.training.corpus import TrainingSequence, distill, distill_cache_file, read_corpus, text_sequences
 from pardec_cli.training.features import compute_features, features_cache_file, weights_fingerprint
-from pardec_cli.training.objectives import EagleObjective, MedusaObjective, draft_index
+from pardec_cli.training.objectives import EagleObjective, MedusaObjective
 from pardec_cli.training.trainer import Trainer, TrainSettings, TrainState
 
 TRAINING_STATE = "pardec-training-state.pt"
@@ -109,7 +109,8 @@ def train_heads(session: Any, options: TrainOptions, *, say: Say, show: Show) ->
     vocab_ids = [int(t) for t in previous["draft_vocab"]] if previous.get("draft_vocab") else _draft_vocab(
         sequences, options.draft_vocab, session.eos_token_ids, target.vocab_size
     )
-    layers = eagle3_feature_layers(int(target.config.num_hidden_layers)) if options.kind == "eagle3" else (-1,)
+    # EAGLE-3 reads three layers; the final state (-1) is every kind's source of labels.
+    layers = (*eagle3_feature_layers(int(target.config.num_hidden_layers)), -1) if options.kind == "eagle3" else (-1,)
     target.check_feature_layers(layers)
     show(f"computing the model's hidden states over {len(sequences)} sequences")
     try:
@@ -123,7 +124,7 @@ def train_heads(session: Any, options: TrainOptions, *, say: Say, show: Show) ->
     notes = []
     if len(data) < len(sequences):
         notes.append(f"used {len(data)} of {len(sequences)} sequences (memory limit for the hidden states)")
-    train, held_out = data.split(20)
+    train, held_out = data.split(10)
     say(f"corpus: {len(data)} sequences, {data.num_tokens} tokens ({source}); draft vocabulary {len(vocab_ids)} tokens")
 
     objective, head = _objective(session, options, vocab_ids, folder if options.resume else None)
@@ -138,17 +139,13 @@ def train_heads(session: Any, options: TrainOptions, *, say: Say, show: Show) ->
         settings.steps = state.step + options.steps  # --steps counts the new steps
     if state is not None:
         state.finished = state.interrupted = False
-    evaluation: dict[str, Any] = {}
     meta = {
         "model": session.model_name, "model_key": key, "source": source, "sequences": len(data),
         "tokens": data.num_tokens, "options": _jsonable(asdict(options)),
     }  # fmt: skip
 
     def save(state: TrainState, optimizer: torch.optim.Optimizer) -> None:
-        nonlocal evaluation
-        if state.finished or state.interrupted:
-            evaluation = objective.evaluate()
-        _save(session, options.kind, head, folder, vocab_ids, state, optimizer, evaluation, meta)
+        _save(session, options.kind, head, folder, vocab_ids, state, optimizer, meta)
 
     def report(state: TrainState, progress: float) -> None:
         eta = state.seconds / progress - state.seconds if progress > 0 else 0.0
@@ -163,7 +160,7 @@ def train_heads(session: Any, options: TrainOptions, *, say: Say, show: Show) ->
         final = trainer.run()
     except KeyboardInterrupt:
         raise TrainingInterrupted(folder, f"the heads trained so far ({trainer.state.step} steps) are saved") from None
-    return TrainResult(folder, final, evaluation, len(data), data.num_tokens, len(vocab_ids), notes)
+    return TrainResult(folder, final, final.evaluation, len(data), data.num_tokens, len(vocab_ids), notes)
 
 
 # ------------------------------------------------------------------- stages
@@ -218,14 +215,14 @@ def _objective(session: Any, options: TrainOptions, vocab_ids: list[int], resume
     """(the objective, the module that is saved) for `options.kind`."""
     target = session.target
     lm_head = target.model.get_output_embeddings().weight.detach()  # [V, h]
-    to_draft = draft_index(vocab_ids, target.vocab_size)
+    target_vocab = DraftVocab.restricted(lm_head.float(), vocab_ids)  # the labels' source
     hidden = int(target.config.hidden_size)
     if options.kind == "medusa":
         heads = MedusaHeads(options.num_heads, 1, hidden).float()
         if resume_from is not None:
             _load_resumed(heads, resume_from / "medusa_lm_head.safetensors", lambda name: f"blocks.{name}",
                           skip=lambda name: name.endswith(f".{heads.num_layers}.weight"))  # fmt: skip
-        return MedusaObjective(heads, DraftVocab.restricted(lm_head.float(), vocab_ids), to_draft), heads
+        return MedusaObjective(heads, target_vocab), heads
     version = 3 if options.kind == "eagle3" else 1
     config = new_eagle_config(target.config, version, draft_vocab_size=len(vocab_ids))
     embed = target.model.get_input_embeddings().weight.detach().float()
@@ -241,9 +238,8 @@ def _objective(session: Any, options: TrainOptions, vocab_ids: list[int], resume
     if resume_from is not None:
         _load_resumed(drafter, resume_from / "model.safetensors", lambda name: name)
     drafter.float()
-    vocab = (DraftVocab(drafter.lm_head.weight, torch.tensor(vocab_ids)) if version == 3
-             else DraftVocab.restricted(lm_head.float(), vocab_ids))  # fmt: skip
-    objective = EagleObjective(drafter, vocab, to_draft, unroll=options.unroll, regression=version == 1,
+    vocab = DraftVocab(drafter.lm_head.weight, torch.tensor(vocab_ids)) if version == 3 else target_vocab
+    objective = EagleObjective(drafter, vocab, target_vocab, unroll=options.unroll, regression=version == 1,
                                max_len=options.max_len)  # fmt: skip
     return objective, drafter
 
@@ -267,7 +263,7 @@ def _resume_state(folder: Path) -> tuple[TrainState | None, dict[str, Any] | Non
 
 def _save(
     session: Any, kind: str, head: Any, folder: Path, vocab_ids: list[int], state: TrainState,
-    optimizer: torch.optim.Optimizer, evaluation: dict[str, Any], meta: dict[str, Any],
+    optimizer: torch.optim.Optimizer, meta: dict[str, Any],
 ) -> None:  # fmt: skip
     """Write the heads (published layout), the optimizer state and the marker into `folder`, atomically."""
     target = session.target
@@ -275,7 +271,8 @@ def _save(
     marker = {
         "format": 1, "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta,
         "steps": state.step, "train_seconds": round(state.seconds, 1), "loss": state.loss,
-        "interrupted": state.interrupted, "finished": state.finished, "eval": evaluation,
+        "interrupted": state.interrupted, "finished": state.finished, "eval": state.evaluation,
+        "best_step": state.best_step,
         "loss_history": state.history, "draft_vocab": vocab_ids,
     }  # fmt: skip
 

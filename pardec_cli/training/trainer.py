@@ -2,9 +2,12 @@
 
 The learning rate warms up linearly, then follows a cosine down to a tenth of its peak
 over the run's progress -- the larger of steps done / `steps` and time spent /
-`budget_s`, so a time-limited run anneals as its time runs out. Every `checkpoint_s`
-seconds, at the end, and on Ctrl-C (KeyboardInterrupt) the heads are saved through the
-`save` callback, then the interrupt goes on to the caller.
+`budget_s`, so a time-limited run anneals as its time runs out. Every `eval_s` seconds
+the heads are scored on held-out text and the best weights so far are kept: a small
+corpus is soon learned by heart, and the heads that guess unseen text best are the
+ones to keep. Every `checkpoint_s` seconds, at the end, and on Ctrl-C
+(KeyboardInterrupt) the best heads are saved through the `save` callback, then the
+interrupt goes on to the caller.
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ class Objective(Protocol):
     def evaluate(self) -> dict[str, Any]:
         """Held-out metrics."""
 
+    def score(self, evaluation: dict[str, Any]) -> float:
+        """One number from `evaluate`'s metrics: higher is better."""
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """A copy of the weights."""
+
+    def load(self, state: dict[str, torch.Tensor]) -> None:
+        """Put weights from `state` back."""
+
 
 @dataclass
 class TrainSettings:
@@ -39,6 +51,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     clip: float = 1.0
     checkpoint_s: float = 300.0
+    eval_s: float = 60.0
     seed: int = 0
 
 
@@ -53,6 +66,9 @@ class TrainState:
     history: list[tuple[int, float, float]] = field(default_factory=list)
     interrupted: bool = False
     finished: bool = False
+    evaluation: dict[str, Any] = field(default_factory=dict)  # held-out metrics of the best heads
+    best_step: int = 0
+    best_score: float | None = None
 
 
 def lr_factor(progress: float, step: int, warmup: int) -> float:
@@ -97,10 +113,10 @@ class Trainer:
         return max(parts) if parts else 0.0
 
     def run(self) -> TrainState:
-        """Train to the end of the budget; returns the final state (also saved)."""
+        """Train to the end of the budget; returns the final state (the best heads are saved)."""
         state, s = self.state, self.settings
         started = perf_counter() - state.seconds
-        last_checkpoint = perf_counter()
+        last_checkpoint = last_eval = perf_counter()
         smooth: float | None = None
         try:
             while self.progress(perf_counter() - started) < 1.0:
@@ -122,19 +138,45 @@ class Trainer:
                     _record(state, smooth, accuracy)
                 if self.report:
                     self.report(state, self.progress(state.seconds))
+                if perf_counter() - last_eval >= s.eval_s:
+                    self._evaluate()
+                    last_eval = perf_counter()
                 if perf_counter() - last_checkpoint >= s.checkpoint_s:
-                    self.save(state, self.optimizer)
+                    self._save_best()
                     last_checkpoint = perf_counter()
         except KeyboardInterrupt:
             state.interrupted = True
             state.seconds = perf_counter() - started
-            self.save(state, self.optimizer)
+            self._evaluate()
+            self._save_best()
             raise
         state.finished = True
         if state.loss is not None:
             _record(state, state.loss, state.accuracy or 0.0)
-        self.save(state, self.optimizer)
+        self._evaluate()
+        self._save_best()
         return state
+
+    def _evaluate(self) -> None:
+        """Score the current heads on held-out text; keep them if they are the best so far."""
+        evaluation = self.objective.evaluate()
+        score = self.objective.score(evaluation) if evaluation else None
+        state = self.state
+        if score is None or state.best_score is None or score > state.best_score:
+            state.best_score, state.best_step, state.evaluation = score, state.step, evaluation
+            self._best = self.objective.state()
+
+    def _save_best(self) -> None:
+        """Save the best heads so far (the current ones put back afterwards)."""
+        best = getattr(self, "_best", None)
+        current = self.objective.state() if best is not None else None
+        if best is not None:
+            self.objective.load(best)
+        try:
+            self.save(self.state, self.optimizer)
+        finally:
+            if current is not None:
+                self.objective.load(current)
 
 
 def _record(state: TrainState, loss: float, accuracy: float) -> None:
