@@ -318,11 +318,22 @@ def test_eagle_heads_for_another_model_are_refused(tmp_path):
         load_eagle(tmp_path / "d2t", LanguageModel(tiny_llama(0)), "tiny")
 
 
-def test_a_pickle_that_holds_more_than_tensors_is_refused(tmp_path):
-    """weights_only=True: a head file can never run code (here: it would need to rebuild a Counter)."""
+class Payload:
+    """Unpickling this would mean importing and running code from the head file."""
+
+    def __reduce__(self):
+        return (print, ("a pickle ran code",))
+
+
+def test_a_pickle_that_holds_more_than_tensors_is_refused(tmp_path, capsys):
+    """weights_only=True: a head file can never run code, and must hold tensors only."""
     write_medusa(tmp_path, tiny_llama(0), heads=1)
-    torch.save({"0.0.linear.weight": Counter(a=1)}, tmp_path / "medusa_lm_head.pt")
-    with pytest.raises(ModelLoadError, match="cannot load .*medusa_lm_head.pt"):
+    torch.save({"0.0.linear.weight": Payload()}, tmp_path / "medusa_lm_head.pt")
+    with pytest.raises(ModelLoadError, match="cannot load .*medusa_lm_head.pt") as info:
+        load_medusa(tmp_path, LanguageModel(tiny_llama(0)), "tiny")
+    assert "weights_only" in info.value.hint and "a pickle ran code" not in capsys.readouterr().out
+    torch.save({"0.0.linear.weight": [1.0, 2.0]}, tmp_path / "medusa_lm_head.pt")
+    with pytest.raises(ModelLoadError, match="does not hold a plain mapping of tensors"):
         load_medusa(tmp_path, LanguageModel(tiny_llama(0)), "tiny")
 
 
