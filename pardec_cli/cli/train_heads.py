@@ -86,7 +86,8 @@ def train_heads(model: str | None, dtype: str, device: str, offline: bool | None
     curve = f"loss {first:.3f} -> {state.loss:.3f}" if first is not None and state.loss is not None else ""
     say(f"{state.step} steps in {clock(state.seconds)}, {curve}")
     for name, values in result.evaluation.items():
-        say(f"held-out {name.replace('_', ' ')}: {' '.join(f'{v:.2f}' for v in values)}")
+        say(f"held-out {name.replace('_', ' ')} (agreement with the model): {' '.join(f'{v:.2f}' for v in values)}, "
+            f"from the heads of step {state.best_step}, the best on held-out text")
     say(f"saved to {result.folder}")
     method = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}[kind]
     model_flag = f" -m {model}" if model else ""

@@ -152,7 +152,8 @@ def train_heads(session: Any, options: TrainOptions, *, say: Say, show: Show) ->
         from pardec_cli.training.progress import clock
 
         total = f"/{settings.steps}" if settings.steps else ""
-        show(f"step {state.step}{total}  loss {state.loss:.3f}  top-1 {state.accuracy:.2f}  "
+        best = f"  held-out {state.best_score:.2f} (step {state.best_step})" if state.best_score is not None else ""
+        show(f"step {state.step}{total}  loss {state.loss:.3f}  top-1 {state.accuracy:.2f}{best}  "
              f"{clock(state.seconds)} elapsed, {clock(eta)} left")  # fmt: skip
 
     trainer = Trainer(objective, settings, save=save, report=report, state=state, optimizer_state=optimizer_state)
