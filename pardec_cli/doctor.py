@@ -142,7 +142,8 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
         report["problem"] = "its size cannot be read from its files"
         return report
     fingerprint = fingerprint_directory(path)
-    accelerators = installed_accelerators(name, repo)
+    source = "local" if name.startswith((".", "/", "~")) else None  # as `resolve_model` names a folder
+    accelerators = installed_accelerators(name, repo, source=source, path=path)
     tuned = find_results(fingerprint, hardware.key, hardware.dtype)
     notes = unusable_results(name, fingerprint, hardware.key, hardware.dtype)
     report["accelerators"] = [{"kind": a.kind, "ref": a.ref, "parameters": a.parameters} for a in accelerators]

@@ -113,7 +113,7 @@ def builtin_profiles_dir() -> Traversable:
 
     In a source checkout (running from the repository, or an editable install), the
     repository's top-level ``profiles/`` folder; in an installed wheel, the package data
-    ``pardec_cli/profile_data/`` that setup.py maps that folder to.
+    ``pardec_cli/profile_data/`` that pyproject.toml maps that folder to.
     """
     checkout = Path(__file__).resolve().parent.parent / "profiles"
     if (checkout / "code.toml").is_file():

@@ -187,8 +187,13 @@ def select(
         if problem is not None:
             skipped.append((label, problem))
             continue
-        for knobs, accelerator_ms, ref in _accelerator_variants(candidate, methods, accelerators, hardware, model, curve):
-            tokens = candidate.tokens_per_step if greedy else sampled_tokens(candidate.tokens_per_step, candidate.sampled_tokens_per_step)
+        for knobs, accelerator_ms, acc in _accelerator_variants(candidate, methods, accelerators, hardware, model, curve):
+            ref = acc.ref if acc is not None else None
+            measured = acc.tokens_per_step if acc is not None else None
+            if measured:  # the accelerator's own measurement (trained heads) beats the method's prior
+                tokens = measured if greedy else sampled_tokens(measured)
+            else:
+                tokens = candidate.tokens_per_step if greedy else sampled_tokens(candidate.tokens_per_step, candidate.sampled_tokens_per_step)
             step_ms = step_cost_ms(candidate, curve, accelerator_ms)
             speedup = tokens * curve.base_ms / step_ms
             estimates.append(Estimate(candidate.method, knobs, speedup, tokens, step_ms / curve.base_ms, "prior", ref))
@@ -222,8 +227,8 @@ def _accelerator_variants(
     hardware: Hardware,
     model: ModelShape,
     curve: CostCurve,
-) -> list[tuple[dict[str, Any], float, str | None]]:
-    """(knobs, accelerator forward ms, accelerator ref) per usable accelerator; one entry
+) -> list[tuple[dict[str, Any], float, InstalledAccelerator | None]]:
+    """(knobs, accelerator forward ms, accelerator) per usable accelerator; one entry
     without an accelerator for methods that need none."""
     spec = methods.get(candidate.method)
     if spec is None or spec.accelerator is None:
@@ -243,7 +248,7 @@ def _accelerator_variants(
         knobs = dict(candidate.knobs)
         if spec.accelerator_option and spec.accelerator_option not in knobs:
             knobs[spec.accelerator_option] = acc.ref
-        variants.append((knobs, accelerator_ms, acc.ref))
+        variants.append((knobs, accelerator_ms, acc))
     return variants
 
 
@@ -302,7 +307,10 @@ class AutoSelector:
         path = getattr(session, "model_path", None)
         fingerprint = fingerprint_directory(path) if path else fingerprint_config(model.config.to_dict(), parameters)
         info = ModelInfo(session.model_name, shape, fingerprint, path, getattr(session, "model_repo", None))
-        accelerators = installed_accelerators(info.name, info.repo) if path else []
+        accelerators = (
+            installed_accelerators(info.name, info.repo, source=getattr(session, "model_source", None), path=path)
+            if path else []
+        )
         for ref in drafters:
             accelerators.insert(0, sized_accelerator("drafter", ref, local_path(ref)))
         tuned = find_results(fingerprint, hardware.key, hardware.dtype)

@@ -101,6 +101,7 @@ class Session:
         dtype: str = "float32",
         device: str = "cpu",
         offline: bool | None = None,
+        model_source: str | None = None,
         model_path: Path | None = None,
         model_repo: str | None = None,
     ) -> None:
@@ -110,9 +111,8 @@ class Session:
         self.tokenizer = tokenizer
         self.model_name = model_name
         # Where the weights came from (None for a model built in memory): `auto` reads
-        # tuned results and installed accelerators by them.
-        self.model_path = model_path
-        self.model_repo = model_repo
+        # tuned results and installed accelerators by them, and the heads are found by them.
+        self.model_source, self.model_path, self.model_repo = model_source, model_path, model_repo
         self.dtype = dtype
         self.device = device
         self.offline = offline
@@ -138,8 +138,23 @@ class Session:
         dtype = resolve_dtype(dtype, device)
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device)
-        return cls(model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline,
-                   model_path=resolved.path, model_repo=resolved.repo)
+        return cls(
+            model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline,
+            model_source=resolved.source, model_path=resolved.path, model_repo=resolved.repo,
+        )
+
+    def heads_key(self) -> str:
+        """The folder name of this model's trained heads in pardec's store."""
+        from pardec_cli.store.heads import model_key
+
+        return model_key(self.model_name, source=self.model_source, path=self.model_path)
+
+    def _find_heads(self, kind: str) -> Path | None:
+        """The directory of this model's installed heads of `kind` (trained, else pulled), or None."""
+        from pardec_cli.store.heads import find_heads
+
+        found = find_heads(self.model_name, kind, source=self.model_source, path=self.model_path, repo=self.model_repo)
+        return found.path if found is not None else None
 
     def _load_drafter(self, spec: str) -> tuple[Any, Any]:
         """Load (once) a second model on the target's device and dtype."""
@@ -157,7 +172,8 @@ class Session:
         from pardec_cli.methods.base import MethodEnv
         from pardec_cli.methods.registry import create
 
-        return create(name, options, MethodEnv(self.target, self.tokenizer, self._load_drafter))
+        env = MethodEnv(self.target, self.tokenizer, self._load_drafter, self._find_heads, self.model_name)
+        return create(name, options, env)
 
     def build_proposer(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
         """A new proposer for this session's model, without making it the current method."""

@@ -153,7 +153,7 @@ def test_a_wheel_ships_the_profiles_and_the_tuning_prompts(tmp_path: Path) -> No
 
     source = tmp_path / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     for folder in ("pardec_cli", "profiles"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -170,3 +170,7 @@ def test_a_wheel_ships_the_profiles_and_the_tuning_prompts(tmp_path: Path) -> No
         assert f"pardec_cli/profile_data/{profile}.toml" in names
         assert f"pardec_cli/data/tune_prompts/{profile}.jsonl" in names
     assert "pardec_cli/data/catalog.toml" in names
+    assert "pardec_cli/data/train_prompts.jsonl" in names
+    # Every module of the source tree is in the wheel (the package list is written out).
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "pardec_cli").rglob("*.py") if "__pycache__" not in p.parts}
+    assert modules <= names, sorted(modules - names)

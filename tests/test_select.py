@@ -150,11 +150,33 @@ def test_a_drafter_as_big_as_the_target_does_not_pay() -> None:
 
 
 def test_methods_this_pardec_does_not_have_are_skipped_gracefully() -> None:
-    eagle = Candidate("eagle", {}, tokens_per_step=4.0, drafted=24.0, draft_calls=6.0)
-    heads = [InstalledAccelerator("eagle", "yuhuili/EAGLE-test", None, 200_000_000, 1)]
-    choice = select(hardware=H100, model=LLAMA_8B, profile=profile(NARROW, eagle), accelerators=heads)
+    hydra = Candidate("hydra", {}, tokens_per_step=4.0, drafted=24.0, draft_calls=6.0)
+    choice = select(hardware=H100, model=LLAMA_8B, profile=profile(NARROW, hydra))
     assert choice.method == "pld"
-    assert ("eagle", "not a method of this pardec version") in choice.skipped
+    assert ("hydra", "not a method of this pardec version") in choice.skipped
+
+
+@pytest.mark.parametrize(("measured", "wins"), [(1.45, False), (4.5, True)])
+def test_trained_heads_enter_with_their_own_measured_tokens_per_step(measured: float, wins: bool) -> None:
+    """Heads trained here carry their measured agreement; it replaces the method's prior
+    (weak CPU-trained heads must not win on a published paper's number)."""
+    eagle = Candidate("eagle", {}, tokens_per_step=4.0, drafted=10.0, draft_calls=5.0, draft_ms=2.0)
+    heads = [InstalledAccelerator("eagle", "eagle heads (trained)", None, tokens_per_step=measured)]
+    choice = select(hardware=H100, model=LLAMA_8B, profile=profile(NARROW, eagle), accelerators=heads)
+    assert (choice.method == "eagle") is wins
+    [estimate] = [e for e in choice.ranking if e.method == "eagle"]
+    assert estimate.tokens_per_step == measured and estimate.accelerator == "eagle heads (trained)"
+
+
+def test_expected_tokens_per_step_of_trained_heads_chains_their_agreement(tmp_path) -> None:
+    import json
+
+    from pardec_cli.store.heads import MARKER_NAME, expected_tokens_per_step
+
+    (tmp_path / MARKER_NAME).write_text(json.dumps({"eval": {"top1_per_depth": [0.5, 0.4]}}))
+    assert expected_tokens_per_step(tmp_path) == pytest.approx(1 + 0.5 + 0.5 * 0.4)
+    (tmp_path / MARKER_NAME).write_text(json.dumps({"kind": "eagle"}))
+    assert expected_tokens_per_step(tmp_path) is None
 
 
 def test_a_method_registered_later_is_picked_up_without_changes_to_the_selector() -> None:

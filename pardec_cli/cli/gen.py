@@ -70,7 +70,7 @@ from pardec_cli.prompt_files import parse_prompt_line
 @click.option("--each-line", is_flag=True,
               help="Run every non-empty line of stdin as its own prompt; one JSON line per result.")
 def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
-        method: str, method_opts: tuple[str, ...], draft_model: str | None, profile: str,
+        method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
         system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
         prompts_file: Path | None, each_line: bool) -> None:
@@ -91,6 +91,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
       pardec gen --explain -P code "Write a function that reverses a list"
       pardec gen --method layerskip -O layer_list=0-9,20-29 --stats "Explain the KV cache"
       pardec gen --method draft --draft-model smollm2-135m -m smollm2-1.7b "Hi"
+      pardec gen --method eagle --stats "Hi"         heads from `pardec train-heads --kind eagle`
       pardec gen --temp 0.7 --seed 1 --stop "\\n\\n" "Write a limerick"
       pardec gen --json "Hi" | jq -r .stats.tokens_per_s
       pardec gen --prompts spec_bench.jsonl -n 64 > results.jsonl
@@ -119,7 +120,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         stop=stop, system=system, raw=raw,
     )
-    options = build_method_options(method, method_opts, draft_model)
+    options = build_method_options(method, method_opts, draft_model, heads_dir)
     user_set = options_set_by_user(click.get_current_context(), PROFILE_SAMPLING_KEYS)
     load_profiles_checked(profile)  # a bad profile file or -P value fails before the model loads
     with loading_status("loading model"):

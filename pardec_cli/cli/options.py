@@ -71,9 +71,14 @@ def model_options(f: F) -> F:
 
 
 def method_options(default: str = AUTO) -> Callable[[F], F]:
-    """--method, -O/--option KEY=VALUE, --draft-model."""
+    """--method, -O/--option KEY=VALUE, --draft-model, --heads."""
 
     def decorate(f: F) -> F:
+        f = click.option(
+            "--heads", "heads_dir", default=None, metavar="DIR",
+            type=click.Path(exists=True, file_okay=False, path_type=str),
+            help="Medusa/EAGLE heads for --method medusa, eagle or eagle3 (default: the heads installed for the model).",
+        )(f)
         f = click.option(
             "--draft-model", default=None, metavar="MODEL", shell_complete=complete_model,
             help="Draft model for --method draft (same tokenizer as the target); with --method auto, "
@@ -104,8 +109,13 @@ def sampling_options(f: F) -> F:
     return f
 
 
-def build_method_options(method: str, method_opts: tuple[str, ...], draft_model: str | None) -> dict[str, Any]:
-    """Merge -O pairs and --draft-model into the option mapping for `method`."""
+HEAD_METHODS = ("medusa", "eagle", "eagle3")
+
+
+def build_method_options(
+    method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None = None
+) -> dict[str, Any]:
+    """Merge -O pairs, --draft-model and --heads into the option mapping for `method`."""
     from pardec_cli.errors import PardecUsageError
     from pardec_cli.methods.options import parse_assignments
 
@@ -121,6 +131,10 @@ def build_method_options(method: str, method_opts: tuple[str, ...], draft_model:
         if method != "draft":
             raise PardecUsageError(f"--draft-model is for --method draft, not {method!r}")
         options["model"] = draft_model
+    if heads_dir:
+        if method not in HEAD_METHODS:
+            raise PardecUsageError(f"--heads is for --method {', '.join(HEAD_METHODS)}, not {method!r}")
+        options["heads"] = heads_dir
     # Check the name and knobs now, before a model is loaded (which can take a while).
     from pardec_cli.methods.options import resolve_options
     from pardec_cli.methods.registry import get_spec

@@ -13,6 +13,11 @@ A chain is the one-branch tree: it runs without a custom mask (the model's own c
 mask is the tree mask of a chain) and its kept path is a prefix, so compaction is a
 crop. Everything else is the same code for chains and trees.
 
+Methods that read the target's hidden states (Medusa, EAGLE) say which in
+`feature_layers`; the same forwards then return them (no second pass), and the loop
+hands those of the prompt to `proposer.prefilled` and those of the root and the kept
+path to `proposer.update` (`Outcome.features`). Other methods pay nothing for it.
+
 Invariant: the cache holds every context token except the last one, which is fed as
 the first input of the next step. So a step that keeps `a` drafted tokens leaves
 (len(context_before) - 1) + 1 + a positions in the cache.
@@ -63,6 +68,9 @@ def decode(
     eos = frozenset(eos_token_ids)
     generator = make_generator(sampling, target.device)
     top_k = min(int(getattr(proposer, "feedback_top_k", 0) or 0), target.vocab_size)
+    layers = tuple(getattr(proposer, "feature_layers", ()) or ())
+    if layers:
+        target.check_feature_layers(layers)
 
     def choose(logits_row: torch.Tensor) -> int:
         if sampling.greedy:
@@ -73,7 +81,11 @@ def decode(
         start = perf_counter()
         proposer.start(StartContext(target, tuple(prompt_ids), sampling, generator))
         cache = target.new_cache()
-        logits = target.forward(prompt_ids, cache, last_only=True)  # [1, V]
+        if layers:
+            logits, features = target.forward_features(prompt_ids, cache, layers, last_only=True)  # [1, V], [P, F]
+            proposer.prefilled(features)  # type: ignore[attr-defined]
+        else:
+            logits = target.forward(prompt_ids, cache, last_only=True)  # [1, V]
         if proposer.needs_rollback:
             check_rollback_supported(cache)
         first = choose(logits[-1])
@@ -91,12 +103,21 @@ def decode(
             draft = proposer.propose(context, max_new_tokens - produced - 1)
             t1 = perf_counter()
             # The root (context[-1]) goes at cache position len(context) - 1, its nodes after it.
-            logits = target.forward([context[-1], *draft.tokens], cache, parents=draft.parents)  # [k+1, V]
+            inputs = [context[-1], *draft.tokens]
+            if layers:
+                logits, features = target.forward_features(inputs, cache, layers, parents=draft.parents)  # [k+1, V], [k+1, F]
+            else:
+                logits, features = target.forward(inputs, cache, parents=draft.parents), None  # [k+1, V]
             verdict = _verify(draft, logits, sampling, generator)
             keep_path(cache, len(context), verdict.path)
             top_tokens = torch.topk(logits, top_k, dim=-1).indices if top_k else None  # [k+1, top_k]
-            inputs = (context[-1], *draft.tokens) if top_k else ()
-            outcome = Outcome(verdict.accepted, verdict.path, top_tokens, inputs, top_tokens)
+            if features is not None:
+                # The rows of the root and of each kept node: [1 + accepted, F].
+                rows = torch.tensor([0, *(node + 1 for node in verdict.path)], device=features.device)
+                features = features.index_select(0, rows)
+            outcome = Outcome(
+                verdict.accepted, verdict.path, top_tokens, tuple(inputs) if top_k else (), top_tokens, features
+            )
             tokens = verdict.tokens
             context.extend(tokens)
             proposer.update(context, draft, outcome)

@@ -66,6 +66,42 @@ class LanguageModel:
         a tree under token_ids[0]: each attends to the cache and its own ancestors only,
         at position cache length + depth, through a 4-D mask and explicit position ids.
         """
+        return self._run(token_ids, cache, last_only, parents, hidden=False).logits[0]
+
+    def forward_features(
+        self,
+        token_ids: Sequence[int],
+        cache: Any,
+        layers: Sequence[int],
+        *,
+        last_only: bool = False,
+        parents: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`, plus the hidden states that Medusa and EAGLE heads read, from the same pass.
+
+        `layers` index transformers' `hidden_states` tuple: 0 is the token embeddings,
+        i the input of decoder layer i (the output of layer i - 1), -1 the final state
+        after the last norm (what the LM head reads). Returns (logits as `forward` does,
+        features [n, len(layers) * hidden]: the chosen states of every new position,
+        concatenated in the order of `layers`).
+        """
+        out = self._run(token_ids, cache, last_only, parents, hidden=True)
+        states = out.hidden_states
+        features = torch.cat([states[i][0] for i in layers], dim=-1) if len(layers) > 1 else states[layers[0]][0]
+        return out.logits[0], features
+
+    def check_feature_layers(self, layers: Sequence[int]) -> None:
+        """Raise `PardecUsageError` unless every index in `layers` names a hidden state of this model."""
+        count = int(self.config.num_hidden_layers) + 1  # the embeddings and every layer's output
+        bad = [i for i in layers if not -count <= i < count]
+        if not layers or bad:
+            raise PardecUsageError(
+                f"hidden state {bad[0] if bad else '(none)'} does not exist: the model has {count - 1} layers"
+            )
+
+    def _run(
+        self, token_ids: Sequence[int], cache: Any, last_only: bool, parents: Sequence[int] | None, *, hidden: bool
+    ) -> Any:
         extra: dict[str, Any] = {}
         if parents is not None:
             attention = getattr(self.config, "_attn_implementation", None) or "eager"
@@ -76,11 +112,12 @@ class LanguageModel:
                 )
             mask, positions = tree_attention(parents, cache_length(cache), dtype=self.dtype, device=self.device)
             extra = {"attention_mask": mask, "position_ids": positions}
-        out = self.model(
+        if hidden:
+            extra["output_hidden_states"] = True
+        return self.model(
             input_ids=self.as_input(token_ids),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
             **extra,
         )
-        return out.logits[0]

@@ -76,6 +76,12 @@ class Outcome:
     the step's forward (root first) and its row of top tokens; the same as the draft's
     unless the draft was one part of a combination, whose other parts' nodes the target
     scored too: token recycling learns from all of them.
+
+    For proposers that set `feature_layers` (else None):
+    features: [1 + accepted, F], the target's hidden states (as `feature_layers` asks) at
+    the root and at each kept node, root first: the positions whose next token became
+    known in this step (the last row produced the target's own next token). Medusa reads
+    the last row; EAGLE feeds all of them to its draft layer.
     """
 
     accepted: int
@@ -83,6 +89,7 @@ class Outcome:
     top_tokens: torch.Tensor | None = None
     step_inputs: tuple[int, ...] = ()
     step_top_tokens: torch.Tensor | None = None
+    features: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,13 @@ class Proposer(Protocol):
     # Optional attribute `feedback_top_k: int`: how many of the target's top next tokens
     # per verified position the proposer wants in its Outcome (absent or 0: none, and
     # nothing is computed).
+    # Optional attribute `feature_layers: tuple[int, ...]`: the target's hidden states the
+    # proposer reads (indices into transformers' `hidden_states`: 0 the embeddings, i the
+    # input of layer i, -1 the final normed state; see `LanguageModel.forward_features`).
+    # The loop then takes them from its own forwards (no second pass) and hands them over:
+    # those of every prompt position once, to the method `prefilled(features [P, F])`,
+    # which such a proposer must have, and those of the kept path in `Outcome.features`.
+    # Proposers without the attribute pay nothing.
 
     def start(self, ctx: StartContext) -> None:
         """Reset per-generation state. Called before the prefill."""

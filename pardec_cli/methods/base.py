@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pardec_cli.engine.model import LanguageModel
@@ -11,15 +12,19 @@ from pardec_cli.engine.model import LanguageModel
 
 @dataclass(frozen=True)
 class MethodEnv:
-    """The target and its tokenizer, plus a way to load a second model (drafters).
+    """The target and its tokenizer, plus ways to find what some methods need.
 
     `load_model(spec)` returns (LanguageModel, tokenizer) on the target's device and
-    dtype; it is injected by the session layer so methods never touch the store.
+    dtype; `find_heads(kind)` the directory of the installed Medusa/EAGLE heads of that
+    kind for the target, or None. Both are injected by the session layer so methods
+    never touch the store. `model_name` names the target in messages.
     """
 
     target: LanguageModel
     tokenizer: Any
     load_model: Callable[[str], tuple[LanguageModel, Any]] | None = None
+    find_heads: Callable[[str], Path | None] | None = None
+    model_name: str = "the model"
 
 
 class AdaptiveLength:

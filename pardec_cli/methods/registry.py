@@ -49,6 +49,18 @@ _ADAPTIVE_DRAFT = (
     MethodOption("adaptive", bool, True, "grow the draft by 2 after a full accept, shrink by 1 after a rejection"),
 )
 
+_HEADS = MethodOption("heads", str, "", "heads directory (default: the heads installed for the model; also --heads DIR)")
+_DRAFT_VOCAB = MethodOption(
+    "draft_vocab", int, -1,
+    "draft from the N most frequent tokens of the heads' corpus, plus the prompt's (-1: all the heads ship, 0: the whole vocabulary)",
+)
+_EAGLE_OPTIONS = (
+    _HEADS,
+    MethodOption("topk", int, 6, "children per expanded node, and nodes expanded per level"),
+    MethodOption("depth", int, 5, "deepest level of the draft tree"),
+    MethodOption("nodes", int, 24, "tree size after reranking by draft confidence (candidates verified per step)"),
+)
+
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
@@ -131,6 +143,34 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("history_tokens", int, 16384, "tokens of this method's earlier outputs to match too (0: none)"),
             ),
             combinable=True,
+        ),
+        MethodSpec(
+            "medusa",
+            "Medusa heads: extra heads on the target's last hidden state guess the next tokens; their top-k form a tree",
+            "pardec_cli.methods.medusa:Medusa",
+            (
+                _HEADS,
+                MethodOption("tree", str, "sparse", "sparse: Medusa's published 63-node tree, cut to `nodes`; prior: best-first from a rank prior"),
+                MethodOption("nodes", int, 24, "tree size (candidates verified per step)"),
+                MethodOption("width", int, 10, "most candidates per head (the highest rank in the tree + 1)"),
+                MethodOption("depth", int, 0, "deepest level (0: one per head)"),
+                _DRAFT_VOCAB,
+            ),
+            accelerator="medusa",
+        ),
+        MethodSpec(
+            "eagle",
+            "EAGLE-2 dynamic trees from an EAGLE-1/2 head: a one-layer drafter over the target's hidden states",
+            "pardec_cli.methods.eagle:Eagle",
+            (*_EAGLE_OPTIONS, _DRAFT_VOCAB),
+            accelerator="eagle",
+        ),
+        MethodSpec(
+            "eagle3",
+            "EAGLE-2 dynamic trees from an EAGLE-3 head (features of three target layers, its own draft vocabulary)",
+            "pardec_cli.methods.eagle:Eagle3",
+            _EAGLE_OPTIONS,
+            accelerator="eagle3",
         ),
     )
 }

@@ -29,6 +29,9 @@ class InstalledAccelerator:
     path: Path | None = None
     parameters: int | None = None
     layers: int | None = None
+    # Tokens per step measured for this accelerator (trained heads: from their held-out
+    # agreement with the model); None: the profile's prior for its method applies.
+    tokens_per_step: float | None = None
 
 
 def local_path(ref: str) -> Path | None:
@@ -64,13 +67,24 @@ def sized_accelerator(kind: str, ref: str, path: Path | None) -> InstalledAccele
     return InstalledAccelerator(kind, ref, path, summary.get("parameters"), summary.get("layers"))
 
 
-def installed_accelerators(model_name: str, repo: str | None = None) -> list[InstalledAccelerator]:
-    """The accelerators usable with the model named `model_name` (from repo `repo`).
+def installed_accelerators(
+    model_name: str, repo: str | None = None, *, source: str | None = None, path: Path | None = None
+) -> list[InstalledAccelerator]:
+    """The accelerators usable with the model named `model_name` (from repo `repo`;
+    `source` and `path` as in `ResolvedModel`, to find heads trained for a local folder).
 
-    Pulled accelerators come first (in the pull's order, best first), then catalog ones
-    found on disk. Accelerators a pull found incompatible are left out.
+    Heads trained here come first (with the tokens per step their training measured),
+    then pulled accelerators (in the pull's order, best first), then catalog ones found
+    on disk. Accelerators a pull found incompatible are left out.
     """
-    found: list[InstalledAccelerator] = []
+    from pardec_cli.store.heads import expected_tokens_per_step, installed_heads
+
+    found: list[InstalledAccelerator] = [
+        InstalledAccelerator(head.kind, f"{head.kind} heads (trained)", head.path,
+                             tokens_per_step=expected_tokens_per_step(head.path))
+        for head in installed_heads(model_name, source=source, path=path)
+        if head.source == "trained"
+    ]
     seen: set[str] = set()
     record = records.find(model_name) or (records.find(repo) if repo else None)
     if record is not None:

@@ -24,6 +24,7 @@ from pardec_cli.home import models_dir
 from pardec_cli.store import hub, records
 from pardec_cli.store.catalog import CatalogEntry, entry_for_repo, lookup_alias, suggest_aliases
 from pardec_cli.store.embedded import EMBEDDED_ALIAS, EMBEDDED_REPO
+from pardec_cli.store.heads import model_key, trained_accelerators
 from pardec_cli.store.layout import MARKER_NAME, installed_models, is_complete, read_marker
 from pardec_cli.store.records import PullRecord, RepoRecord
 
@@ -97,7 +98,7 @@ def _pulled_summary(record: PullRecord) -> ModelSummary:
         commit=target.commit,
         path=target.snapshot,
         size=target.size,
-        accelerators=[_accelerator_dict(a) for a in record.accelerators],
+        accelerators=[_accelerator_dict(a) for a in record.accelerators] + trained_accelerators(model_key(record.name)),
         last_used=records.last_used(record.name, record.alias or "", target.repo),
         complete=target.present(),
     )
@@ -115,6 +116,7 @@ def _store_summary(name: str) -> ModelSummary:
         repo=repo,
         path=path,
         size=_dir_size(path),
+        accelerators=trained_accelerators(model_key(name)),
         last_used=records.last_used(name),
     )
 
@@ -270,7 +272,8 @@ def _unpulled(spec: str) -> ModelSummary:
 
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
-        return ModelSummary(name=spec, source="local", path=path.resolve(), size=_dir_size(path))
+        trained = trained_accelerators(model_key(spec, source="local", path=path))
+        return ModelSummary(name=spec, source="local", path=path.resolve(), size=_dir_size(path), accelerators=trained)
     entry = lookup_alias(spec)
     repo = entry.repo if entry else spec.strip() if looks_like_hub_id(spec.strip()) else None
     if repo is not None:

@@ -1,0 +1,185 @@
+"""The Medusa and EAGLE heads installed for a model: trained here, or pulled from the catalog.
+
+Trained heads (`pardec train-heads`) live in pardec's store, next to the models:
+
+    heads_root()/<model key>/<kind>/      kind: medusa, eagle or eagle3
+        config.json, weights               the published layout of that kind
+        pardec-heads.json                  pardec's notes (written last: marks it complete)
+
+The model key is the name `-m` resolves to (``smollm2-135m``, ``qwen2.5-7b``, ``org/name``
+as ``org--name``); a model given as a directory gets ``local-<folder>-<hash of its path>``.
+Pulled heads are the accelerators a pull recorded (see `records`), when their files are
+still there and they passed the compatibility check.
+
+Torch-free and cheap, so `auto` selection and `pardec list` can ask which kinds exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pardec_cli.home import pardec_home
+from pardec_cli.store import records
+
+HEAD_KINDS: tuple[str, ...] = ("medusa", "eagle", "eagle3")
+MARKER_NAME = "pardec-heads.json"  # the same name as pardec_cli.heads.files.MARKER_NAME
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class InstalledHead:
+    """Heads of one kind for one model: where they are and where they came from.
+
+    source: "trained" (by pardec train-heads) or "pulled" (a catalog accelerator);
+    name: what to call them (the Hub repo of pulled heads); detail: one line for people.
+    """
+
+    kind: str
+    path: Path
+    source: str
+    name: str
+    detail: str = ""
+
+
+def heads_root() -> Path:
+    """Where trained heads are kept: ``pardec_home()/heads``."""
+    return pardec_home() / "heads"
+
+
+def model_key(name: str, *, source: str | None = None, path: Path | str | None = None) -> str:
+    """The folder name of a model's trained heads (see the module docstring).
+
+    `source` and `path` are those of the resolved model (`ResolvedModel.source`,
+    `.path`): a "local" model is keyed by its directory, anything else by its name.
+    """
+    if source == "local" and path is not None:
+        resolved = Path(path).expanduser().resolve()
+        digest = hashlib.sha1(str(resolved).encode("utf-8")).hexdigest()[:8]
+        return f"local-{_UNSAFE.sub('-', resolved.name).strip('-') or 'model'}-{digest}"
+    key = _UNSAFE.sub("-", name.strip().lower().replace("/", "--")).strip("-.")
+    return key or "model"
+
+
+def trained_heads_dir(key: str, kind: str) -> Path:
+    """Where `pardec train-heads` puts heads of `kind` for the model with `key` (may not exist)."""
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"unknown head kind {kind!r}")
+    return heads_root() / key / kind
+
+
+def read_marker(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / MARKER_NAME).read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _trained(key: str) -> list[InstalledHead]:
+    found = []
+    for kind in HEAD_KINDS:
+        folder = heads_root() / key / kind
+        marker = read_marker(folder)
+        if marker and (folder / "config.json").is_file():
+            parts = [f"{marker['steps']} steps" if marker.get("steps") else "", str(marker.get("created") or "")]
+            if marker.get("interrupted"):
+                parts.append("interrupted")
+            found.append(InstalledHead(kind, folder, "trained", f"{kind} heads", ", ".join(p for p in parts if p)))
+    return found
+
+
+def expected_tokens_per_step(folder: Path) -> float | None:
+    """Tokens per step that trained heads should give, from their held-out agreement.
+
+    Training records, per depth d, how often the heads' top-1 draft equals the model's
+    own next token ("top1_per_depth" for EAGLE, "top1_per_head" for Medusa). A chain
+    draft then accepts depth d only if depths 1..d all agree, so a step emits
+    1 + sum_d prod_{i<=d} a_i tokens: a floor for a tree, which also tries runners-up.
+    None when the heads carry no such measurement (pulled heads, an older format).
+    """
+    evaluation = read_marker(folder).get("eval")
+    if not isinstance(evaluation, dict):
+        return None
+    agreement = evaluation.get("top1_per_depth") or evaluation.get("top1_per_head")
+    if not isinstance(agreement, list) or not agreement:
+        return None
+    tokens, reach = 1.0, 1.0
+    for share in agreement:
+        reach *= min(max(float(share), 0.0), 1.0)
+        tokens += reach
+    return tokens
+
+
+def _pulled(model: str, repo: str | None) -> list[InstalledHead]:
+    record = records.find(model) or (records.find(repo) if repo else None)
+    if record is None:
+        return []
+    return [
+        InstalledHead(acc.kind, acc.snapshot, "pulled", acc.name or acc.repo, acc.detail)
+        for acc in record.accelerators
+        if acc.kind in HEAD_KINDS and acc.status == records.COMPATIBLE and acc.present()
+    ]
+
+
+def installed_heads(
+    model: str, *, source: str | None = None, path: Path | str | None = None, repo: str | None = None
+) -> list[InstalledHead]:
+    """Every usable head set for a model, trained ones first, then pulled ones (best first per kind).
+
+    `model` is the resolved model's name; `source`, `path` and `repo` as in
+    `ResolvedModel` (they let a local directory and a pulled repo be found).
+    """
+    return [*_trained(model_key(model, source=source, path=path)), *_pulled(model, repo)]
+
+
+def find_heads(
+    model: str, kind: str, *, source: str | None = None, path: Path | str | None = None, repo: str | None = None
+) -> InstalledHead | None:
+    """The heads of `kind` that `--method <kind>` uses for this model, or None."""
+    return next((h for h in installed_heads(model, source=source, path=path, repo=repo) if h.kind == kind), None)
+
+
+def trained_accelerators(key: str) -> list[dict[str, Any]]:
+    """Trained heads as `pardec list`/`show` accelerator rows."""
+    rows = []
+    for head in _trained(key):
+        size = sum(p.stat().st_size for p in head.path.iterdir() if p.is_file())
+        rows.append({
+            "name": head.name, "kind": head.kind, "method": head.kind, "repo": None, "revision": None,
+            "commit": None, "status": "trained", "detail": head.detail, "size_bytes": size, "path": str(head.path),
+        })  # fmt: skip
+    return rows
+
+
+def replace_dir(folder: Path, write: Callable[[Path], None]) -> None:
+    """Fill a fresh hidden sibling of `folder` with `write(tmp)`, then swap it in for `folder`.
+
+    Readers see the old heads or the new ones, never half of either; a failure (or
+    Ctrl-C) inside `write` leaves `folder` as it was.
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
+        if folder.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+            os.replace(folder, old / folder.name)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
