@@ -118,6 +118,7 @@ class Session:
         self.offline = offline
         self._drafters: dict[str, tuple[Any, Any]] = {}
         self._proposers: dict[tuple[str, str], Any] = {}
+        self._auto_selector: Any = None
         self.method_name = "vanilla"
         self.method_options: dict[str, Any] = {}
         self.proposer = self._build("vanilla", {})
@@ -178,6 +179,15 @@ class Session:
     def build_proposer(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
         """A new proposer for this session's model, without making it the current method."""
         return self._build(name, dict(options or {}))
+
+    def auto_selector(self) -> Any:
+        """`--method auto`'s `AutoSelector` for this model and machine, built on first use
+        (it reads the hardware, the profiles, the installed accelerators and tuned results)."""
+        if self._auto_selector is None:
+            from pardec_cli.select import AutoSelector
+
+            self._auto_selector = AutoSelector.for_session(self)
+        return self._auto_selector
 
     def set_method(self, name: str, options: Mapping[str, Any] | None = None) -> None:
         """Switch the decoding method (validated; the old one stays if this fails).

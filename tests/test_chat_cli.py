@@ -152,3 +152,28 @@ async def test_a_chat_on_the_real_engine_shows_exactly_what_it_generates(tiny_se
     assert all(text.strip() for text in shown)
     assert saved[0].method == "pld" and saved[0].stats["generated_tokens"] > 0
     assert saved[0].stats["mean_tokens_per_step"] > 1, "the peaked model repeats itself, so pld drafts get accepted"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_with_method_auto_each_reply_uses_the_selectors_choice_for_its_message(tiny_session, anyio_backend):
+    from pardec_cli.tui.app import ChatApp, ChatOptions
+    from pardec_cli.tui.settings import ChatSettings
+    from pardec_cli.tui.widgets import AssistantMessage, ChatInput
+    from tests.test_tui import wait_until
+
+    turn = "w5 w6 w7 w5 w6"
+    app = ChatApp(ChatOptions(settings=ChatSettings(method="auto", profile="code", max_tokens=16), save=False),
+                  lambda spec: tiny_session)
+    async with app.run_test(size=(100, 36)) as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        app.query_one(ChatInput).load_text(turn)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not app.generating, timeout=30)
+        [shown] = [reply.text for reply in app.query(AssistantMessage)]
+        [saved] = [m for m in app.conversation.messages if m.role == "assistant"]
+    choice = tiny_session.auto_selector().choose(turn, "code", greedy=True)
+    assert choice.method != "auto" and saved.method == choice.method
+    tiny_session.set_method("vanilla")
+    expected = tiny_session.generate(tiny_session.encode([{"role": "user", "content": turn}]), max_new_tokens=16)
+    assert shown == expected.text

@@ -98,6 +98,28 @@ def test_the_next_reply_uses_the_chosen_method():
     assert method_for_reply(None, settings, [{"role": "user", "content": "hi"}]) == ("suffix", {"max_nodes": "16"})
 
 
+def test_auto_asks_the_selector_about_the_last_user_message_with_the_profile_and_sampling():
+    asked = []
+
+    class Selector:
+        def choose(self, prompt, profile, *, greedy):
+            asked.append((prompt, profile, greedy))
+            return type("Choice", (), {"method": "pld", "knobs": {"num_draft": 4}})()
+
+    session = type("FakeSession", (), {"auto_selector": lambda self: Selector()})()
+    messages = [{"role": "user", "content": "fix this"}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "def f(): pass"}]
+    settings = ChatSettings(method="auto", profile="code", temperature=0.7)
+    assert method_for_reply(session, settings, messages) == ("pld", {"num_draft": 4})
+    assert asked == [("def f(): pass", "code", False)]
+
+
+def test_auto_takes_no_knobs():
+    with pytest.raises(PardecUsageError, match="knobs are chosen too"):
+        ChatSettings(method="pld").with_method("auto", {"k": "4"})
+    assert ChatSettings(method="pld").with_method("auto").method == "auto"
+
+
 def test_updates_wait_for_the_ui_and_are_spaced_by_what_they_cost(monkeypatch):
     from pardec_cli.tui import pacing
 

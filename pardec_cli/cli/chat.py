@@ -12,18 +12,16 @@ from typing import Any
 
 import click
 
-from pardec_cli.cli.options import build_method_options, method_options, model_options, sampling_options
+from pardec_cli.cli.options import build_method_options, method_options, model_options, profile_option, sampling_options
 from pardec_cli.cli.output import is_terminal
 from pardec_cli.errors import PardecError, PardecUsageError
-from pardec_cli.tui.settings import PROFILES
 
 
 @click.command()
 @model_options
 @method_options()
 @sampling_options
-@click.option("-P", "--profile", default="auto", show_default=True, type=click.Choice(PROFILES),
-              help="Task profile of the conversation (switchable in the app).")
+@profile_option
 @click.option("-s", "--system", default=None, help="System prompt (through the model's chat template).")
 @click.option("-c", "--continue", "resume", is_flag=False, flag_value="latest", default=None, metavar="[ID]",
               help="Continue the latest saved conversation, or the one with this id (or id prefix).")
@@ -32,8 +30,8 @@ from pardec_cli.tui.settings import PROFILES
 @click.option("--save/--no-save", default=True, show_default=True,
               help="Save conversations under the pardec home (config: `save = false` in [chat]).")
 def chat(model: str | None, dtype: str, device: str, offline: bool | None, method: str,
-         method_opts: tuple[str, ...], draft_model: str | None, max_tokens: int, temperature: float, top_p: float,
-         top_k: int, seed: int | None, stop: tuple[str, ...], profile: str, system: str | None,
+         method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, max_tokens: int,
+         temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...], profile: str, system: str | None,
          resume: str | None, history: bool, list_only: bool, save: bool) -> None:
     """Chat with a model in the terminal and watch parallel decoding work.
 
@@ -60,7 +58,7 @@ def chat(model: str | None, dtype: str, device: str, offline: bool | None, metho
     if list_only:
         print_conversations(store)
         return
-    options = build_method_options(method, method_opts, draft_model)
+    options = build_method_options(method, method_opts, draft_model, heads_dir)
     settings = ChatSettings(method=method, options=options, profile=profile, max_tokens=max_tokens,
                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop))
     settings.sampling()  # check the values now, not after the app has started

@@ -44,7 +44,7 @@ from pardec_cli.tui.conversation import (
 )
 from pardec_cli.tui.pacing import UpdatePacer
 from pardec_cli.tui.screens import ConversationsScreen, HelpScreen, ModelScreen
-from pardec_cli.tui.settings import PROFILES, ChatSettings, method_for_reply, parse_method_words
+from pardec_cli.tui.settings import AUTO, ChatSettings, method_for_reply, parse_method_words, profile_choices
 from pardec_cli.tui.widgets import (
     AssistantMessage,
     ChatInput,
@@ -195,7 +195,7 @@ class ChatApp(App[None]):
             with Vertical(id="main"):
                 yield Transcript(id="transcript")
                 yield ChatInput(id="prompt", placeholder="Message · Enter sends · Shift+Enter or Ctrl+J: new line · F1: help")
-            yield SettingsPanel(method_names(), self.settings, id="settings")
+            yield SettingsPanel([AUTO, *method_names()], self.settings, id="settings")
         yield StatusBar(id="status")
         yield Footer()
 
@@ -438,7 +438,7 @@ class ChatApp(App[None]):
             if not argument:
                 from pardec_cli.methods.registry import method_names
 
-                self.notify("Methods: " + ", ".join(method_names()) + "\n/method NAME [KNOB=VALUE ...]")
+                self.notify("Methods: " + ", ".join([AUTO, *method_names()]) + "\n/method NAME [KNOB=VALUE ...]")
                 return True
             method, options = parse_method_words(command.words)
             self.change_settings(self.settings.with_method(method, options))
@@ -622,9 +622,11 @@ class ChatApp(App[None]):
         from pardec_cli.methods.registry import METHODS
 
         yield from super().get_system_commands(screen)
+        yield SystemCommand("Method: auto", "chosen per reply for its task and this machine",
+                            lambda: self._palette_method(AUTO))
         for name, spec in METHODS.items():
             yield SystemCommand(f"Method: {name}", spec.summary, lambda n=name: self._palette_method(n))
-        for profile in PROFILES:
+        for profile in profile_choices():
             yield SystemCommand(f"Profile: {profile}", "task profile for the next replies",
                                 lambda p=profile: self._palette_settings({"profile": p}), discover=False)
         yield SystemCommand("Greedy decoding", "temperature 0", lambda: self._palette_settings({"temp": "0"}))

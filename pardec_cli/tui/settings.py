@@ -5,7 +5,8 @@
 the same way `pardec gen` does and raise `PardecUsageError` with a clear message.
 
 `method_for_reply` is the one place where the chat decides how the next reply is
-decoded; `--method auto` selection plugs in there.
+decoded: the method the user named, or with "auto" the choice of `pardec_cli.select`
+for the last user message, the profile and this machine (as `pardec gen` makes it).
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ from typing import Any
 from pardec_cli.engine.sampling_params import SamplingParams
 from pardec_cli.errors import PardecUsageError
 
-# Task profiles a user can pick (`-P`, the side panel, `/profile`).
-PROFILES = ("auto", "chat", "code", "extraction")
+AUTO = "auto"  # as a method: chosen per reply; as a profile: detected from the message
+
+
+def profile_choices() -> list[str]:
+    """Task profiles a user can pick (`-P`, the side panel, `/profile`): auto, then the
+    built-in and the user's own profiles."""
+    from pardec_cli.profiles import profile_names
+
+    return [AUTO, *profile_names()]
 
 
 @dataclass(frozen=True)
@@ -27,7 +35,7 @@ class ChatSettings:
 
     method: str
     options: Mapping[str, Any] = field(default_factory=dict)  # knobs as given (-O, k=v), validated
-    profile: str = "auto"
+    profile: str = AUTO
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
@@ -75,8 +83,8 @@ class ChatSettings:
         updated.sampling()  # validate the combination (ranges)
         if updated.max_tokens < 1:
             raise PardecUsageError(f"max_tokens must be at least 1, got {updated.max_tokens}")
-        if updated.profile not in PROFILES:
-            raise PardecUsageError(f"unknown profile {updated.profile!r} (profiles: {', '.join(PROFILES)})")
+        if updated.profile != self.profile and updated.profile not in (choices := profile_choices()):
+            raise PardecUsageError(f"unknown profile {updated.profile!r} (profiles: {', '.join(choices)})")
         return updated
 
 
@@ -109,6 +117,10 @@ def check_method(name: str, options: Mapping[str, Any]) -> None:
     from pardec_cli.methods.options import resolve_options
     from pardec_cli.methods.registry import get_spec
 
+    if name == AUTO:
+        if options:
+            raise PardecUsageError("with method auto the knobs are chosen too; name a method to set them")
+        return
     spec = get_spec(name)
     if "+" not in name:  # a combination routes its knobs to its parts when it is built
         resolve_options(name, spec.options, options)
@@ -128,8 +140,12 @@ def method_for_reply(session: Any, settings: ChatSettings,
     """The method and knobs that decode the next reply to `messages` on `session`.
 
     The one place where the chat chooses how to decode (the model loader, every reply,
-    and so the status lines and the saved conversation follow it): today, the method
-    the user picked. Automatic selection (`--method auto`, from the profile, the last
-    user message and the hardware) plugs in here.
+    and so the status lines and the saved conversation follow it): the method the user
+    picked, or with "auto" the selector's choice for the last user message (its task
+    detected when the profile is "auto"), greedy or sampled as the settings say.
     """
-    return settings.method, dict(settings.options)
+    if settings.method != AUTO:
+        return settings.method, dict(settings.options)
+    last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    choice = session.auto_selector().choose(last_user, settings.profile, greedy=settings.temperature == 0)
+    return choice.method, dict(choice.knobs)

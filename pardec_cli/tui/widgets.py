@@ -17,7 +17,7 @@ from textual.widgets import Input, Label, LoadingIndicator, Markdown, Select, Sp
 from textual.widgets.markdown import MarkdownStream
 
 from pardec_cli.tui.conversation import Message, describe_method, format_numbers
-from pardec_cli.tui.settings import PROFILES, ChatSettings
+from pardec_cli.tui.settings import ChatSettings, profile_choices
 
 SPARKLINE_STEPS = 120  # the sparkline shows the most recent steps...
 SPARKLINE_WIDTH = 30  # ...in at most this many columns
@@ -235,7 +235,7 @@ class SettingsPanel(VerticalScroll):
         yield Label("Knobs (KEY=VALUE ...)")
         yield Input(compact=True, id="knobs", placeholder="defaults")
         yield Label("Profile", classes="heading")
-        yield Select([(p, p) for p in PROFILES], value=self._initial.profile, allow_blank=False, compact=True, id="profile")
+        yield Select([(p, p) for p in profile_choices()], value=self._initial.profile, allow_blank=False, compact=True, id="profile")
         yield Label("Sampling", classes="heading")
         yield Label("temperature (0: greedy)")
         yield Input(compact=True, id="temperature", type="number")
