@@ -96,3 +96,27 @@ def test_decode_checks_rollback_before_the_first_step():
     # Plain decoding never rolls back, so it still runs on such a cache.
     vanilla = registry.create("vanilla", {}, MethodEnv(target, None, None))
     assert len(list(decode(target, vanilla, [1, 2, 3], max_new_tokens=4))) == 4
+
+
+def test_decoding_leaves_the_callers_grad_mode_alone():
+    """The loop runs under inference mode, but between its steps the consumer's code does
+    not (training heads calls decode and then backpropagates); two generations consumed
+    in turn and one abandoned halfway do not leave inference mode switched on."""
+    import torch
+
+    from pardec_cli.engine.loop import decode
+    from pardec_cli.engine.model import LanguageModel
+    from pardec_cli.methods import registry
+    from pardec_cli.methods.base import MethodEnv
+
+    target = LanguageModel(tiny_llama())
+    first = decode(target, registry.create("pld", {}, MethodEnv(target, None, None)), [1, 2, 3, 1, 2], max_new_tokens=6)
+    second = decode(target, registry.create("vanilla", {}, MethodEnv(target, None, None)), [4, 5], max_new_tokens=6)
+    for _ in range(2):
+        next(first)
+        assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        next(second)
+        assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    list(second)
+    del first  # abandoned mid-generation
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()

@@ -77,6 +77,9 @@ def decode(
             return int(logits_row.argmax())
         return sample_from(logits_to_probs(logits_row, sampling), generator)
 
+    # Every step runs under inference_mode, but the yields are outside it: a generator
+    # suspended inside the context would leave inference mode on in the consumer's code
+    # (and two interleaved generations would restore each other's modes out of order).
     with torch.inference_mode():
         start = perf_counter()
         proposer.start(StartContext(target, tuple(prompt_ids), sampling, generator))
@@ -89,15 +92,16 @@ def decode(
         if proposer.needs_rollback:
             check_rollback_supported(cache)
         first = choose(logits[-1])
-        context = [*prompt_ids, first]
-        produced = 1
-        finish = _finish_reason((first,), produced, max_new_tokens, eos)
-        now = perf_counter()
-        yield StepEvent(0, (first,), 0, 0, 0.0, now - start, now - start, finish)
+    context = [*prompt_ids, first]
+    produced = 1
+    finish = _finish_reason((first,), produced, max_new_tokens, eos)
+    now = perf_counter()
+    yield StepEvent(0, (first,), 0, 0, 0.0, now - start, now - start, finish)
 
-        step = 0
-        while finish is None:
-            step += 1
+    step = 0
+    while finish is None:
+        step += 1
+        with torch.inference_mode():
             t0 = perf_counter()
             # Drafting past the token limit is wasted work: the extra tokens could never be emitted.
             draft = proposer.propose(context, max_new_tokens - produced - 1)
@@ -121,12 +125,12 @@ def decode(
             tokens = verdict.tokens
             context.extend(tokens)
             proposer.update(context, draft, outcome)
-            tokens, finish = _truncate(tokens, produced, max_new_tokens, eos)
-            produced += len(tokens)
-            t2 = perf_counter()
-            accepted = min(verdict.accepted, len(tokens))
-            yield StepEvent(step, tokens, len(draft.tokens), accepted, t1 - t0, t2 - t1, t2 - start, finish)
-        del cache
+        tokens, finish = _truncate(tokens, produced, max_new_tokens, eos)
+        produced += len(tokens)
+        t2 = perf_counter()
+        accepted = min(verdict.accepted, len(tokens))
+        yield StepEvent(step, tokens, len(draft.tokens), accepted, t1 - t0, t2 - t1, t2 - start, finish)
+    del cache
 
 
 def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> Verdict:
