@@ -90,7 +90,7 @@ def method_options(default: str = AUTO) -> Callable[[F], F]:
         )(f)
         f = click.option(
             "--method", default=default, show_default=True, type=MethodName(),
-            help="Decoding method: auto (chosen per prompt for this hardware and task; see --explain), "
+            help="Decoding method: auto (chosen per prompt for this hardware and task; `pardec doctor` shows its picks), "
             + ", ".join(method_names()) + ".",
         )(f)
         return f
