@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,12 +75,9 @@ TINY_CONTEXT = 1024
 @pytest.fixture(scope="session")
 def tiny_cli_model(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with the real SmolLM2 tokenizer and chat template, float32 on disk."""
-    from tests.tiny_models import tiny_llama
+    from tests.tiny_models import save_with_real_tokenizer, tiny_llama
 
-    path = tmp_path_factory.mktemp("tiny-cli-model")
-    for file in embedded_model_dir.iterdir():
-        if file.is_file() and file.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
-            shutil.copy(file, path / file.name)
-    vocab = json.loads((embedded_model_dir / "config.json").read_text())["vocab_size"]
-    tiny_llama(vocab=vocab, layers=2, hidden=32, max_positions=TINY_CONTEXT).save_pretrained(path)
-    return path
+    return save_with_real_tokenizer(
+        lambda vocab: tiny_llama(vocab=vocab, layers=2, hidden=32, max_positions=TINY_CONTEXT),
+        embedded_model_dir, tmp_path_factory.mktemp("tiny-cli-model"),
+    )

@@ -4,7 +4,6 @@ Ctrl-C saves them, and the store finds them (`gen --method`, `list`, `show`)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,12 @@ FAST = ["--samples", "6", "--reply-tokens", "24", "--dtype", "float32"]
 @pytest.fixture(scope="module")
 def tiny_chat_model(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny peaked Llama (repetitive, so heads can learn it fast) with SmolLM2's tokenizer and chat template."""
-    from tests.tiny_models import peaked, tiny_llama
+    from tests.tiny_models import peaked, save_with_real_tokenizer, tiny_llama
 
-    path = tmp_path_factory.mktemp("tiny-chat-model")
-    for file in embedded_model_dir.iterdir():
-        if file.is_file() and file.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
-            shutil.copy(file, path / file.name)
-    vocab = json.loads((embedded_model_dir / "config.json").read_text())["vocab_size"]
-    peaked(tiny_llama(3, vocab=vocab, layers=4, hidden=64, max_positions=1024), scale=4.0).save_pretrained(path)
-    return path
+    return save_with_real_tokenizer(
+        lambda vocab: peaked(tiny_llama(3, vocab=vocab, layers=4, hidden=64, max_positions=1024), scale=4.0),
+        embedded_model_dir, tmp_path_factory.mktemp("tiny-chat-model"),
+    )
 
 
 def _session(model_dir: Path):

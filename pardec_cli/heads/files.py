@@ -16,11 +16,8 @@ from typing import Any
 import torch
 
 from pardec_cli.errors import ModelLoadError
+from pardec_cli.store.heads import MARKER_NAME, read_marker  # noqa: F401 - re-exported for the heads' loaders
 
-#: pardec's own notes about heads it trained (the corpus, the draft vocabulary, the
-#: losses). Written last, so its presence means the directory is complete; published
-#: heads have none and need none.
-MARKER_NAME = "pardec-heads.json"
 
 
 def read_config(folder: Path, what: str) -> dict[str, Any]:
@@ -37,15 +34,6 @@ def read_config(folder: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelLoadError(f"{what}: {file} is not a JSON object")
     return data
-
-
-def read_marker(folder: Path) -> dict[str, Any]:
-    """pardec's notes on heads it trained (empty for published heads)."""
-    try:
-        data = json.loads((folder / MARKER_NAME).read_text("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def find_weights(folder: Path, names: Sequence[str], what: str) -> Path:

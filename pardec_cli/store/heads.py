@@ -17,8 +17,6 @@ Torch-free and cheap, so `auto` selection and `pardec list` can ask which kinds 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
 import shutil
 import tempfile
@@ -29,9 +27,13 @@ from typing import Any
 
 from pardec_cli.home import pardec_home
 from pardec_cli.store import records
+from pardec_cli.store.layout import read_json_object, swap_into_place
 
 HEAD_KINDS: tuple[str, ...] = ("medusa", "eagle", "eagle3")
-MARKER_NAME = "pardec-heads.json"  # the same name as pardec_cli.heads.files.MARKER_NAME
+#: pardec's own notes about heads it trained (the corpus, the draft vocabulary, the
+#: losses, the held-out agreement). Written last, so its presence means the directory is
+#: complete; published heads have none and need none.
+MARKER_NAME = "pardec-heads.json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -77,11 +79,8 @@ def trained_heads_dir(key: str, kind: str) -> Path:
 
 
 def read_marker(folder: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((folder / MARKER_NAME).read_text("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """pardec's notes on heads it trained (empty for published heads)."""
+    return read_json_object(folder / MARKER_NAME)
 
 
 def _trained(key: str) -> list[InstalledHead]:
@@ -170,16 +169,7 @@ def replace_dir(folder: Path, write: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)
-        if folder.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
-            os.replace(folder, old / folder.name)
-            os.replace(tmp, folder)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, folder)
+        swap_into_place(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -42,13 +42,18 @@ def is_complete(path: Path) -> bool:
     return (path / MARKER_NAME).is_file() and (path / "config.json").is_file()
 
 
-def read_marker(path: Path) -> dict[str, Any]:
-    """The marker's contents (empty when missing or unreadable)."""
+def read_json_object(file: Path) -> dict[str, Any]:
+    """A JSON object from `file` (empty when the file is missing, unreadable or not an object)."""
     try:
-        data = json.loads((path / MARKER_NAME).read_text("utf-8"))
+        data = json.loads(file.read_text("utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    """The marker's contents (empty when missing or unreadable)."""
+    return read_json_object(path / MARKER_NAME)
 
 
 def write_marker(path: Path, **fields: Any) -> None:
@@ -74,6 +79,23 @@ def _apply_umask(folder: Path) -> None:
         file.chmod((0o777 if file.is_dir() else 0o666) & ~umask)
 
 
+def swap_into_place(tmp: Path, target: Path) -> None:
+    """Make the finished directory `tmp` (a sibling of `target`) be `target`, atomically.
+
+    Readers see the old contents or the new ones, never half of either: an existing
+    `target` is first renamed into a hidden sibling, then removed. `tmp` gets the usual
+    permissions first (mkdtemp makes it private).
+    """
+    _apply_umask(tmp)
+    if target.exists() or target.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
 @contextmanager
 def staged_model_dir(name: str, *, overwrite: bool) -> Iterator[Path]:
     """Yield an empty temporary directory; on success, move it to ``models_dir()/name``.
@@ -91,17 +113,10 @@ def staged_model_dir(name: str, *, overwrite: bool) -> Iterator[Path]:
         yield tmp
         if not is_complete(tmp):
             raise PardecError(f"internal error: {tmp} was not completed")
-        _apply_umask(tmp)
-        if target.exists() or target.is_symlink():
-            if is_complete(target) and not overwrite:
-                shutil.rmtree(tmp)
-                return
-            old = Path(tempfile.mkdtemp(prefix=f".{name}.old-", dir=root))
-            os.replace(target, old / name)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+        if is_complete(target) and not overwrite:
+            shutil.rmtree(tmp)
+            return
+        swap_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
