@@ -168,15 +168,11 @@ def test_trained_heads_enter_with_their_own_measured_tokens_per_step(measured: f
     assert estimate.tokens_per_step == measured and estimate.accelerator == "eagle heads (trained)"
 
 
-def test_expected_tokens_per_step_of_trained_heads_chains_their_agreement(tmp_path) -> None:
-    import json
+def test_expected_tokens_per_step_of_trained_heads_chains_their_agreement() -> None:
+    from pardec_cli.store.heads import expected_tokens_per_step
 
-    from pardec_cli.store.heads import MARKER_NAME, expected_tokens_per_step
-
-    (tmp_path / MARKER_NAME).write_text(json.dumps({"eval": {"top1_per_depth": [0.5, 0.4]}}))
-    assert expected_tokens_per_step(tmp_path) == pytest.approx(1 + 0.5 + 0.5 * 0.4)
-    (tmp_path / MARKER_NAME).write_text(json.dumps({"kind": "eagle"}))
-    assert expected_tokens_per_step(tmp_path) is None
+    assert expected_tokens_per_step({"eval": {"top1_per_depth": [0.5, 0.4]}}) == pytest.approx(1 + 0.5 + 0.5 * 0.4)
+    assert expected_tokens_per_step({"kind": "eagle"}) is None
 
 
 def test_a_method_registered_later_is_picked_up_without_changes_to_the_selector() -> None:

@@ -77,13 +77,11 @@ def installed_accelerators(
     then pulled accelerators (in the pull's order, best first), then catalog ones found
     on disk. Accelerators a pull found incompatible are left out.
     """
-    from pardec_cli.store.heads import expected_tokens_per_step, installed_heads
+    from pardec_cli.store.heads import trained_heads
 
     found: list[InstalledAccelerator] = [
-        InstalledAccelerator(head.kind, f"{head.kind} heads (trained)", head.path,
-                             tokens_per_step=expected_tokens_per_step(head.path))
-        for head in installed_heads(model_name, source=source, path=path)
-        if head.source == "trained"
+        InstalledAccelerator(head.kind, f"{head.kind} heads (trained)", head.path, tokens_per_step=head.tokens_per_step)
+        for head in trained_heads(model_name, source=source, path=path)
     ]
     seen: set[str] = set()
     record = records.find(model_name) or (records.find(repo) if repo else None)

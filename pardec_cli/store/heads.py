@@ -42,7 +42,8 @@ class InstalledHead:
     """Heads of one kind for one model: where they are and where they came from.
 
     source: "trained" (by pardec train-heads) or "pulled" (a catalog accelerator);
-    name: what to call them (the Hub repo of pulled heads); detail: one line for people.
+    name: what to call them (the Hub repo of pulled heads); detail: one line for people;
+    tokens_per_step: what trained heads' held-out agreement predicts (None: not measured).
     """
 
     kind: str
@@ -50,6 +51,7 @@ class InstalledHead:
     source: str
     name: str
     detail: str = ""
+    tokens_per_step: float | None = None
 
 
 def heads_root() -> Path:
@@ -92,12 +94,19 @@ def _trained(key: str) -> list[InstalledHead]:
             parts = [f"{marker['steps']} steps" if marker.get("steps") else "", str(marker.get("created") or "")]
             if marker.get("interrupted"):
                 parts.append("interrupted")
-            found.append(InstalledHead(kind, folder, "trained", f"{kind} heads", ", ".join(p for p in parts if p)))
+            detail = ", ".join(p for p in parts if p)
+            found.append(InstalledHead(kind, folder, "trained", f"{kind} heads", detail, expected_tokens_per_step(marker)))
     return found
 
 
-def expected_tokens_per_step(folder: Path) -> float | None:
-    """Tokens per step that trained heads should give, from their held-out agreement.
+def trained_heads(model: str, *, source: str | None = None, path: Path | str | None = None) -> list[InstalledHead]:
+    """The heads `pardec train-heads` made for a model (arguments as in `installed_heads`)."""
+    return _trained(model_key(model, source=source, path=path))
+
+
+def expected_tokens_per_step(marker: dict[str, Any]) -> float | None:
+    """Tokens per step that trained heads should give, from their held-out agreement
+    recorded in their marker (`read_marker`).
 
     Training records, per depth d, how often the heads' top-1 draft equals the model's
     own next token ("top1_per_depth" for EAGLE, "top1_per_head" for Medusa). A chain
@@ -105,7 +114,7 @@ def expected_tokens_per_step(folder: Path) -> float | None:
     1 + sum_d prod_{i<=d} a_i tokens: a floor for a tree, which also tries runners-up.
     None when the heads carry no such measurement (pulled heads, an older format).
     """
-    evaluation = read_marker(folder).get("eval")
+    evaluation = marker.get("eval")
     if not isinstance(evaluation, dict):
         return None
     agreement = evaluation.get("top1_per_depth") or evaluation.get("top1_per_head")
@@ -137,7 +146,7 @@ def installed_heads(
     `model` is the resolved model's name; `source`, `path` and `repo` as in
     `ResolvedModel` (they let a local directory and a pulled repo be found).
     """
-    return [*_trained(model_key(model, source=source, path=path)), *_pulled(model, repo)]
+    return [*trained_heads(model, source=source, path=path), *_pulled(model, repo)]
 
 
 def find_heads(
