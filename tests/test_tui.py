@@ -14,6 +14,7 @@ import pytest
 from pardec_cli.errors import ModelNotFoundError
 from pardec_cli.tui.app import ChatApp, ChatOptions
 from pardec_cli.tui.conversation import Conversation, ConversationStore, Message
+from pardec_cli.tui.markdown import ReplyFence
 from pardec_cli.tui.screens import ConversationsScreen, HelpScreen, ModelScreen
 from pardec_cli.tui.settings import ChatSettings
 from pardec_cli.tui.widgets import AssistantMessage, ChatInput, Notice, SettingsPanel, UserMessage
@@ -141,6 +142,33 @@ async def test_sampling_and_limits_reach_the_stream() -> None:
 
 
 # -- cancelling ------------------------------------------------------------------------
+
+
+async def test_the_cursor_holds_still_while_a_reply_streams() -> None:
+    # A blinking cursor redraws the screen twice a second, competing with the decoder.
+    session = ScriptedSession(["a reply"], hold_after=2)
+    app = make_app(session)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        prompt = app.query_one(ChatInput)
+        assert prompt.cursor_blink
+        await say(pilot, "go")
+        await wait_until(pilot, session.held.is_set)
+        assert not prompt.cursor_blink
+        session.release.set()
+        await wait_until(pilot, lambda: not app.generating)
+        assert prompt.cursor_blink
+
+
+async def test_code_in_a_reply_is_highlighted_once_the_reply_ends() -> None:
+    session = ScriptedSession(["Like this:\n\n```python\nx = 1\n```\n"])
+    app = make_app(session)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say_and_wait(pilot, "code please")
+        [fence] = replies(app)[0].query(ReplyFence)
+        assert fence.lexer == "python"
+        assert fence.code == "x = 1"
 
 
 @pytest.mark.parametrize("key", ["escape", "ctrl+c"])

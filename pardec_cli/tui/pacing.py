@@ -1,16 +1,19 @@
 """How often the generation worker may hand an update to the UI.
 
-The decoding thread and the UI thread share one interpreter lock. Every update costs
-the UI thread Python work (Markdown parsing, layout, rendering: about 30 ms of CPU per
-update measured on a 2-core CPU, more in a long transcript), and while the UI thread
-holds the lock the decoding thread stalls between its torch calls (a Python thread kept
-busy next to the decoder cut its tokens/s about 3x in the same measurement; at a fixed
-15 Hz, 30 ms updates would keep the UI busy half the time). So the pace adapts: after
-each update the UI measures the CPU time its thread spent since the previous one, and
-the next update may come only after `cost / UI_SHARE` seconds (never sooner than
-`MIN_INTERVAL_S`), which keeps the UI's share of the time near `UI_SHARE` whatever the
-transcript length or the terminal. The worker also waits until the UI has taken the
-previous update, so updates never queue.
+The decoding thread and the UI thread share one interpreter lock and, on a small CPU,
+the cores: on 2 cores that run the model's two compute threads, a millisecond of UI
+work costs close to a millisecond of decoding (a Python thread kept busy next to the
+decoder cut its tokens/s about 3x). Every update costs the UI thread Markdown parsing,
+layout and rendering: 25-30 ms of CPU per update measured on these 2 cores at 120x40,
+more in a long transcript or a bigger terminal, much less on a fast desktop CPU. So the
+UI's share of the time is the chat's slowdown against `pardec gen`, and the pace is set
+by cost, not by a fixed rate: after each update the UI measures the CPU time its thread
+spent since the previous one, and the next update may come only after `cost / UI_SHARE`
+seconds (never sooner than `MIN_INTERVAL_S`, never later than `MAX_INTERVAL_S`). That
+keeps the UI near `UI_SHARE` of the time whatever the transcript length or the
+terminal: about an update a second and a half on these 2 cores, many a second where
+drawing is cheap. The worker also waits until the UI has taken the previous update, so
+updates never queue.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import threading
 import time
 
 MIN_INTERVAL_S = 1 / 15  # at most 15 updates a second, when updates are cheap
-MAX_INTERVAL_S = 1.0  # at least one update a second, however costly
-UI_SHARE = 0.03  # the UI thread's target share of the time while a reply streams
+MAX_INTERVAL_S = 1.5  # an update at least every 1.5 s, however costly
+UI_SHARE = 0.02  # the UI thread's target share of the time while a reply streams
 
 
 class UpdatePacer:

@@ -13,10 +13,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message as TextualMessage
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Input, Label, LoadingIndicator, Markdown, Select, Sparkline, Static, TextArea
+from textual.widgets import Input, Label, LoadingIndicator, Select, Sparkline, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
 from pardec_cli.tui.conversation import Message, describe_method, format_numbers
+from pardec_cli.tui.markdown import ReplyMarkdown
 from pardec_cli.tui.settings import ChatSettings, profile_choices
 
 SPARKLINE_STEPS = 120  # the sparkline shows the most recent steps...
@@ -68,7 +69,8 @@ class AssistantMessage(Vertical):
     and its knobs.
 
     While generating, text arrives through `append` (a MarkdownStream coalesces fragments
-    when rendering falls behind) and `show_live` updates the numbers; `finish` freezes them.
+    when rendering falls behind) and `show_live` updates the numbers; `finish` freezes them
+    and highlights the reply's code (plain while streaming: see markdown.py).
     """
 
     def __init__(self, *, title: str, message: Message | None = None) -> None:
@@ -80,7 +82,10 @@ class AssistantMessage(Vertical):
         self.text = message.content if message else ""
 
     def compose(self) -> ComposeResult:
-        yield Markdown(self._initial.content if self._initial else "", classes="body")
+        if self._initial is not None:
+            yield ReplyMarkdown(self._initial.content, classes="body")
+        else:
+            yield ReplyMarkdown("", streaming=True, classes="body")
         with Horizontal(classes="reply-status"):
             yield StatsLine(classes="stats")
             yield Sparkline([], classes="steps")
@@ -91,8 +96,8 @@ class AssistantMessage(Vertical):
             self._show_final(self._initial, self._initial.per_step)
 
     @property
-    def body(self) -> Markdown:
-        return self.query_one(Markdown)
+    def body(self) -> ReplyMarkdown:
+        return self.query_one(ReplyMarkdown)
 
     @property
     def stats_text(self) -> str:
@@ -109,7 +114,7 @@ class AssistantMessage(Vertical):
         if text:
             self.text += text
             if self._stream is None:  # started with the first text (stopping a stream that never ran hangs)
-                self._stream = Markdown.get_stream(self.body)
+                self._stream = ReplyMarkdown.get_stream(self.body)
             await self._stream.write(text)
 
     def show_live(self, stats: LiveStats, new_steps: Sequence[int]) -> None:
@@ -124,6 +129,7 @@ class AssistantMessage(Vertical):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        await self.body.end_stream()
         self.remove_class("-generating")
         self._show_final(message, self.per_step)
 
