@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 from collections.abc import Iterator
@@ -39,6 +40,14 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     yield home
+
+
+@pytest.fixture(autouse=True)
+def heap_unfrozen() -> Iterator[None]:
+    """The chat freezes the heap once its model loads (tui/app.py `settle_heap`); later
+    tests must find their garbage collectable again."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")
