@@ -2,6 +2,7 @@
 
 measure_priors re-measures the task profiles' priors (profiles/*.toml), auto_share
 compares `--method auto` with the best single method in `pardec bench --json` reports,
-and task_accuracy scores task detection on the benchmark prompts. None of them is
-imported by the CLI.
+task_accuracy scores task detection on the benchmark prompts, and chat_overhead measures
+`pardec chat` against `pardec gen` in a real terminal (tmux). None of them is imported
+by the CLI.
 """
