@@ -16,8 +16,6 @@ from typing import Any
 import torch
 
 from pardec_cli.errors import ModelLoadError
-from pardec_cli.store.heads import MARKER_NAME, read_marker  # noqa: F401 - re-exported for the heads' loaders
-
 
 
 def read_config(folder: Path, what: str) -> dict[str, Any]:

@@ -28,10 +28,10 @@ import torch
 from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.heads.eagle import DraftCache, EagleDrafter, eagle3_feature_layers, load_eagle
-from pardec_cli.heads.files import read_marker
 from pardec_cli.heads.vocab import DraftVocab
 from pardec_cli.methods.base import MethodEnv
 from pardec_cli.methods.heads_support import draft_vocabulary, locate_heads, with_prompt_tokens
+from pardec_cli.store.heads import read_marker
 
 
 class Eagle:

@@ -19,11 +19,11 @@ from typing import Any
 from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.engine.tree import ROOT, TreeBuilder
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.heads.files import read_marker
 from pardec_cli.heads.medusa import load_medusa
 from pardec_cli.methods.base import MethodEnv
 from pardec_cli.methods.heads_support import draft_vocabulary, locate_heads, with_prompt_tokens
 from pardec_cli.methods.recycling import tree_template
+from pardec_cli.store.heads import read_marker
 
 # Medusa's default tree for Vicuna-7B (FasterDecoding/Medusa, medusa_choices.py): each
 # entry is a path of per-head ranks, most often accepted first.

@@ -25,10 +25,10 @@ import torch
 
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.heads.eagle import EagleDrafter, eagle3_feature_layers, init_scale, new_eagle_config, save_eagle
-from pardec_cli.heads.files import MARKER_NAME, load_tensors, read_marker
+from pardec_cli.heads.files import load_tensors
 from pardec_cli.heads.medusa import MedusaHeads, save_medusa
 from pardec_cli.heads.vocab import DraftVocab
-from pardec_cli.store.heads import HEAD_KINDS, heads_root, replace_dir, trained_heads_dir
+from pardec_cli.store.heads import HEAD_KINDS, MARKER_NAME, heads_root, read_marker, replace_dir, trained_heads_dir
 from pardec_cli.training.corpus import TrainingSequence, distill, distill_cache_file, read_corpus, text_sequences
 from pardec_cli.training.features import compute_features, features_cache_file, weights_fingerprint
 from pardec_cli.training.objectives import EagleObjective, MedusaObjective

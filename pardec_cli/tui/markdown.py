@@ -23,7 +23,6 @@ from functools import lru_cache
 from typing import Any
 
 from markdown_it.token import Token
-
 from textual.content import Content
 from textual.widgets import Markdown
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence

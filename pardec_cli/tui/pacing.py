@@ -4,7 +4,7 @@ The decoding thread and the UI thread share one interpreter lock and, on a small
 the cores: on 2 cores that run the model's two compute threads, a millisecond of UI
 work costs close to a millisecond of decoding (a Python thread kept busy next to the
 decoder cut its tokens/s about 3x). Every update costs the UI thread Markdown parsing,
-layout and rendering: 25-30 ms of CPU per update measured on these 2 cores at 120x40,
+layout and rendering: 30-60 ms of CPU per update measured on these 2 cores at 120x40,
 more in a long transcript or a bigger terminal, much less on a fast desktop CPU. So the
 UI's share of the time is the chat's slowdown against `pardec gen`, and the pace is set
 by cost, not by a fixed rate: after each update the UI measures the CPU time its thread

@@ -82,10 +82,9 @@ class AssistantMessage(Vertical):
         self.text = message.content if message else ""
 
     def compose(self) -> ComposeResult:
-        if self._initial is not None:
-            yield ReplyMarkdown(self._initial.content, classes="body")
-        else:
-            yield ReplyMarkdown("", streaming=True, classes="body")
+        # A reply being generated streams (its code is highlighted when it ends).
+        yield ReplyMarkdown(self._initial.content if self._initial else "", streaming=self._initial is None,
+                            classes="body")
         with Horizontal(classes="reply-status"):
             yield StatsLine(classes="stats")
             yield Sparkline([], classes="steps")
