@@ -146,6 +146,40 @@ async def test_sampling_and_limits_reach_the_stream() -> None:
 # -- cancelling ------------------------------------------------------------------------
 
 
+async def test_a_reply_shows_prefill_until_its_first_text_arrives_with_the_method() -> None:
+    # The method line waits for the first text, so that both take one layout of the screen.
+    session = ScriptedSession(["one two three"], hold_after=0)
+    app = make_app(session)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "count")
+        await wait_until(pilot, session.held.is_set)
+        await pilot.pause()
+        [reply] = replies(app)
+        assert reply.has_class("-generating")
+        assert stats_line(reply) == "prefill… · "
+        session.release.set()
+        await wait_until(pilot, lambda: not app.generating)
+        assert "pld max_ngram=3" in stats_line(reply)
+
+
+async def test_while_a_reply_streams_its_text_numbers_and_method_show_together() -> None:
+    session = ScriptedSession(["one two three four five"], hold_after=3)
+    app = make_app(session)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "count")
+        await wait_until(pilot, session.held.is_set)
+        [reply] = replies(app)
+        await wait_until(pilot, lambda: reply.text != "")  # the first update: the prefill's token
+        assert reply.body.source == reply.text
+        line = stats_line(reply)
+        assert "tok/s" in line and "pld max_ngram=3" in line
+        session.release.set()
+        await wait_until(pilot, lambda: not app.generating)
+        assert reply.text == "one two three four five"
+
+
 async def test_the_cursor_holds_still_while_a_reply_streams() -> None:
     # A blinking cursor redraws the screen twice a second, competing with the decoder.
     session = ScriptedSession(["a reply"], hold_after=2)

@@ -387,8 +387,9 @@ class ChatApp(App[None]):
         message.reply.start(message.method, message.knobs)
 
     async def on_reply_progress(self, message: ReplyProgress) -> None:
-        await message.reply.append(message.text)
-        message.reply.show_live(message.stats, message.steps)
+        with self.batch_update():  # one layout and one frame for the text and the numbers
+            await message.reply.append(message.text)
+            message.reply.show_live(message.stats, message.steps)
         self._pacer.taken()
 
     async def on_reply_done(self, message: ReplyDone) -> None:

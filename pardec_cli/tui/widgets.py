@@ -14,7 +14,6 @@ from textual.message import Message as TextualMessage
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Input, Label, LoadingIndicator, Select, Sparkline, Static, TextArea
-from textual.widgets.markdown import MarkdownStream
 
 from pardec_cli.tui.conversation import Message, describe_method, format_numbers
 from pardec_cli.tui.markdown import ReplyMarkdown
@@ -44,6 +43,10 @@ class StatsLine(Widget):
 
     text: reactive[str] = reactive("", layout=False)
 
+    def __init__(self, text: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.set_reactive(StatsLine.text, text)
+
     def render(self) -> str:
         return self.text
 
@@ -68,16 +71,19 @@ class AssistantMessage(Vertical):
     the numbers (tokens/s, tokens per step, TTFT, tokens, why it ended), then the method
     and its knobs.
 
-    While generating, text arrives through `append` (a MarkdownStream coalesces fragments
-    when rendering falls behind) and `show_live` updates the numbers; `finish` freezes them
-    and highlights the reply's code (plain while streaming: see markdown.py).
+    While generating, text arrives through `append` and `show_live` updates the numbers;
+    `finish` freezes them and highlights the reply's code (plain while streaming: see
+    markdown.py). The app calls them in one batch per paced update, so that the screen is
+    laid out and drawn once for the text and the numbers together.
     """
 
     def __init__(self, *, title: str, message: Message | None = None) -> None:
-        super().__init__(classes="message assistant")
+        # A reply without a message is being generated: it is drawn as one from the start
+        # (while the prompt is prefilled), so that starting costs no extra layout.
+        super().__init__(classes="message assistant" + (" -generating" if message is None else ""))
         self.border_title = title
         self._initial = message
-        self._stream: MarkdownStream | None = None
+        self._method_line: str | None = None  # shown with the first live update
         self.per_step: list[int] = []
         self.text = message.content if message else ""
 
@@ -86,7 +92,7 @@ class AssistantMessage(Vertical):
         yield ReplyMarkdown(self._initial.content if self._initial else "", streaming=self._initial is None,
                             classes="body")
         with Horizontal(classes="reply-status"):
-            yield StatsLine(classes="stats")
+            yield StatsLine("" if self._initial else "prefill…", classes="stats")
             yield Sparkline([], classes="steps")
         yield Label("", classes="method", markup=False)
 
@@ -104,20 +110,21 @@ class AssistantMessage(Vertical):
         return f"{self.query_one(StatsLine).text} · {self.query_one('.method', Label).render()}"
 
     def start(self, method: str, knobs: dict[str, Any]) -> None:
-        """The generation began with this method."""
-        self.add_class("-generating")
-        self.query_one(StatsLine).text = "prefill…"
-        self.query_one(".method", Label).update(describe_method(method, knobs))
+        """The generation began with this method: its line appears with the first text, in
+        the same layout pass (a layout of the transcript is the costliest part of an update)."""
+        self._method_line = describe_method(method, knobs)
 
     async def append(self, text: str) -> None:
+        """Add text to the reply; returns once its Markdown blocks are updated."""
         if text:
             self.text += text
-            if self._stream is None:  # started with the first text (stopping a stream that never ran hangs)
-                self._stream = ReplyMarkdown.get_stream(self.body)
-            await self._stream.write(text)
+            await self.body.append(text)
 
     def show_live(self, stats: LiveStats, new_steps: Sequence[int]) -> None:
         """Update the numbers and the sparkline while generating."""
+        if self._method_line is not None:
+            self.query_one(".method", Label).update(self._method_line)
+            self._method_line = None
         self.per_step.extend(new_steps)
         self.query_one(StatsLine).text = format_numbers(stats.to_dict())
         self._show_steps(self.per_step)
@@ -125,18 +132,12 @@ class AssistantMessage(Vertical):
     async def finish(self, message: Message, tail: str = "") -> None:
         """The reply ended (done, cut by -n, stopped, or cancelled): show its final stats."""
         await self.append(tail)
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         await self.body.end_stream()
         self.remove_class("-generating")
         self._show_final(message, self.per_step)
 
     async def fail(self) -> None:
         """The generation failed before producing a reply: remove this message."""
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         await self.remove()
 
     def _show_steps(self, per_step: list[int]) -> None:
