@@ -17,6 +17,7 @@ import contextlib
 import gc
 import io
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +49,18 @@ def heap_unfrozen() -> Iterator[None]:
     tests must find their garbage collectable again."""
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def ctrl_c_delivered() -> Iterator[None]:
+    """The Ctrl-C tests send real SIGINTs, to this process and to `pardec` processes. A
+    shell runs a background job (`... &`) with SIGINT ignored, which its children inherit
+    and pardec rightly keeps; the tests then act as if run from a terminal."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # children start with SIG_DFL
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")
