@@ -58,6 +58,18 @@ async def say(pilot: Any, text: str) -> None:
     await pilot.press("enter")
 
 
+async def say_until_held(pilot: Any, session: ScriptedSession, text: str) -> None:
+    """Send `text` and wait until the reply's stream holds (`ScriptedSession(hold_after=N)`)."""
+    await say(pilot, text)
+    await wait_until(pilot, session.held.is_set)
+
+
+async def release_and_finish(pilot: Any, session: ScriptedSession) -> None:
+    """Let the held stream go on and wait until the reply ends."""
+    session.release.set()
+    await wait_until(pilot, lambda: not pilot.app.generating)
+
+
 async def say_and_wait(pilot: Any, text: str) -> None:
     await say(pilot, text)
     await pilot.pause()
@@ -143,23 +155,18 @@ async def test_sampling_and_limits_reach_the_stream() -> None:
     assert (stream["sampling"].temperature, stream["sampling"].top_p, stream["sampling"].seed) == (0.7, 0.9, 3)
 
 
-# -- cancelling ------------------------------------------------------------------------
-
-
 async def test_a_reply_shows_prefill_until_its_first_text_arrives_with_the_method() -> None:
     # The method line waits for the first text, so that both take one layout of the screen.
     session = ScriptedSession(["one two three"], hold_after=0)
     app = make_app(session)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await say(pilot, "count")
-        await wait_until(pilot, session.held.is_set)
+        await say_until_held(pilot, session, "count")
         await pilot.pause()
         [reply] = replies(app)
         assert reply.has_class("-generating")
         assert stats_line(reply) == "prefill… · "
-        session.release.set()
-        await wait_until(pilot, lambda: not app.generating)
+        await release_and_finish(pilot, session)
         assert "pld max_ngram=3" in stats_line(reply)
 
 
@@ -168,15 +175,13 @@ async def test_while_a_reply_streams_its_text_numbers_and_method_show_together()
     app = make_app(session)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await say(pilot, "count")
-        await wait_until(pilot, session.held.is_set)
+        await say_until_held(pilot, session, "count")
         [reply] = replies(app)
         await wait_until(pilot, lambda: reply.text != "")  # the first update: the prefill's token
         assert reply.body.source == reply.text
         line = stats_line(reply)
         assert "tok/s" in line and "pld max_ngram=3" in line
-        session.release.set()
-        await wait_until(pilot, lambda: not app.generating)
+        await release_and_finish(pilot, session)
         assert reply.text == "one two three four five"
 
 
@@ -188,11 +193,9 @@ async def test_the_cursor_holds_still_while_a_reply_streams() -> None:
         await ready(pilot)
         prompt = app.query_one(ChatInput)
         assert prompt.cursor_blink
-        await say(pilot, "go")
-        await wait_until(pilot, session.held.is_set)
+        await say_until_held(pilot, session, "go")
         assert not prompt.cursor_blink
-        session.release.set()
-        await wait_until(pilot, lambda: not app.generating)
+        await release_and_finish(pilot, session)
         assert prompt.cursor_blink
 
 
@@ -207,17 +210,18 @@ async def test_code_in_a_reply_is_highlighted_once_the_reply_ends() -> None:
         assert fence.code == "x = 1"
 
 
+# -- cancelling ------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize("key", ["escape", "ctrl+c"])
 async def test_cancel_stops_after_the_current_step_and_keeps_the_partial_reply(key: str) -> None:
     session = ScriptedSession(["one two three four five six seven"], hold_after=3)
     app = make_app(session)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await say(pilot, "count")
-        await wait_until(pilot, session.held.is_set)
+        await say_until_held(pilot, session, "count")
         await pilot.press(key)
-        session.release.set()
-        await wait_until(pilot, lambda: not app.generating)
+        await release_and_finish(pilot, session)
         [reply] = replies(app)
         # Steps 0-2 were out ("one t": 1 + 1 + 3 tokens); the step running at the press finished ("wo").
         assert reply.text == "one two"
@@ -237,8 +241,7 @@ async def test_quitting_while_generating_stops_the_reply() -> None:
     app = make_app(session)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await say(pilot, "go")
-        await wait_until(pilot, session.held.is_set)
+        await say_until_held(pilot, session, "go")
         await pilot.press("ctrl+q")
         assert app._cancel.is_set(), "the worker stops after this step instead of keeping the process alive"
         session.release.set()
