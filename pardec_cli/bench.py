@@ -176,6 +176,7 @@ class Bench:
     def run(self, prompts: Sequence[BenchPrompt], progress: Callable[[int, int, BenchPrompt], None] | None = None) -> list[Run]:
         """Warm up, then run every method on every prompt, interleaved."""
         encoded = [(p, self.session.encode(p.text)) for p in prompts]
+        self.session.target.warm()  # compile the steps first (compiled runner): never inside a timed run
         if encoded:
             for label in self.labels:  # warm-up: allocator, kernels, caches
                 self._run_one(label, encoded[0][0], encoded[0][1], max_new_tokens=8)

@@ -175,3 +175,24 @@ def profiles_report() -> dict[str, Any]:
         "user_dir": str(user_profiles_dir()),
         "profiles": {name: {"description": p.description, "sources": list(p.sources)} for name, p in load_profiles().items()},
     }
+
+
+def compiled_runner_report() -> dict[str, Any]:
+    """The compiled runner (`--compile`): whether inductor can build here (it needs a C++
+    compiler on CPU), where its on-disk cache is and how big, and when `auto` compiles."""
+    import os
+    import shutil
+
+    from pardec_cli.engine.compile_policy import BREAK_EVEN_TOKENS
+    from pardec_cli.home import compile_cache_dir
+
+    folder = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or compile_cache_dir())
+    size, files = 0, 0
+    if folder.is_dir():
+        for file in folder.rglob("*"):
+            if file.is_file():
+                files += 1
+                size += file.stat().st_size
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    return {"cxx_compiler": compiler, "cache_dir": str(folder), "cache_bytes": size, "cache_files": files,
+            "break_even_tokens": dict(BREAK_EVEN_TOKENS)}

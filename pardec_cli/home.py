@@ -32,6 +32,11 @@ def models_dir() -> Path:
     return pardec_home() / "models"
 
 
+def compile_cache_dir() -> Path:
+    """torch.compile's on-disk caches for the compiled runner (safe to delete)."""
+    return pardec_home() / "compiled"
+
+
 def config_dir() -> Path:
     """The configuration directory: ``PARDEC_CONFIG_DIR`` or the XDG config directory."""
     explicit = os.environ.get("PARDEC_CONFIG_DIR")

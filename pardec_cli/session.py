@@ -7,7 +7,7 @@ keeps the statistics; `Session.generate` returns the whole result.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,18 @@ from pardec_cli.engine.sampling_params import SamplingParams
 from pardec_cli.errors import PardecUsageError
 
 DEFAULT_MAX_TOKENS = 256
+COMPILE_MODES = ("auto", "on", "off")
+
+
+def use_compile_cache() -> None:
+    """Keep torch.compile's on-disk caches (inductor's FX graphs, AOTAutograd) in pardec's
+    store, unless the user pointed TORCHINDUCTOR_CACHE_DIR elsewhere: a later process
+    that compiles the same graphs then skips most of the work."""
+    import os
+
+    from pardec_cli.home import compile_cache_dir
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
 
 
 @dataclass(frozen=True)
@@ -104,10 +116,17 @@ class Session:
         model_source: str | None = None,
         model_path: Path | None = None,
         model_repo: str | None = None,
+        compiled: bool = False,
+        notice: Callable[[str], None] | None = None,
     ) -> None:
         from pardec_cli.engine.model import LanguageModel
 
-        self.target = LanguageModel(model)
+        if compiled:
+            from pardec_cli.engine.runner import CompiledLanguageModel
+
+            self.target: LanguageModel = CompiledLanguageModel(model, on_notice=notice)
+        else:
+            self.target = LanguageModel(model)
         self.tokenizer = tokenizer
         self.model_name = model_name
         # Where the weights came from (None for a model built in memory): `auto` reads
@@ -128,21 +147,46 @@ class Session:
     @classmethod
     def load(
         cls, model_spec: str | None, *, dtype: str = "auto", device: str = "auto", offline: bool | None = None,
-        progress: bool = False,
+        progress: bool = False, compile: str = "off", expected_tokens: int | None = None,
+        notice: Callable[[str], None] | None = None,
     ) -> Session:
-        """Resolve `model_spec` (alias, Hub id, directory, None for the embedded model) and load it."""
+        """Resolve `model_spec` (alias, Hub id, directory, None for the embedded model) and load it.
+
+        `compile`: "on" runs decoding steps through the compiled runner
+        (`engine.runner`), "off" eagerly, "auto" compiled where it pays back: for
+        `expected_tokens` (None: a long-lived session such as chat, serve, bench or tune)
+        more than the runner's break-even on this device. `notice` receives the runner's
+        one-line messages (compiling, falling back to eager).
+        """
+        from pardec_cli.engine.compile_policy import compile_pays
+        from pardec_cli.engine.runner import CompiledLanguageModel
         from pardec_cli.hardware import resolve_device, resolve_dtype
         from pardec_cli.store.loading import load_model
         from pardec_cli.store.resolve import resolve_model
 
+        if compile not in COMPILE_MODES:
+            raise PardecUsageError(f"compile must be one of {', '.join(COMPILE_MODES)}, not {compile!r}")
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device)
+        compiled = compile == "on" or (
+            compile == "auto" and compile_pays(expected_tokens, device) and CompiledLanguageModel.supports(model)
+        )
+        if compiled:
+            use_compile_cache()
         return cls(
             model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline,
             model_source=resolved.source, model_path=resolved.path, model_repo=resolved.repo,
+            compiled=compiled, notice=notice,
         )
+
+    @property
+    def compiled(self) -> bool:
+        """Whether decoding steps go through the compiled runner."""
+        from pardec_cli.engine.runner import CompiledLanguageModel
+
+        return isinstance(self.target, CompiledLanguageModel)
 
     def heads_key(self) -> str:
         """The folder name of this model's trained heads in pardec's store."""

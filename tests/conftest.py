@@ -18,6 +18,7 @@ import gc
 import io
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,9 @@ EMBEDDED_CONVERSION_STDERR = pytest.StashKey[str]()
 # Set before anything imports huggingface_hub, which reads it once at import time.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# torch.compile's on-disk caches: one folder for the whole test run (the compiled runner
+# would otherwise point them into the first test's isolated home, for every later test).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="pardec-tests-inductor-"))
 
 
 @pytest.fixture(autouse=True)

@@ -111,6 +111,7 @@ def write_medusa(folder: Path, model, *, heads: int = 3, layers: int = 1, seed: 
     return tensors
 
 
-def head_env(model, folders: dict[str, Path]) -> MethodEnv:
-    """A MethodEnv whose installed heads are `folders` (kind -> directory)."""
-    return MethodEnv(LanguageModel(model), FakeTokenizer(model.config.vocab_size), None, folders.get, "tiny")
+def head_env(model, folders: dict[str, Path], target: LanguageModel | None = None) -> MethodEnv:
+    """A MethodEnv whose installed heads are `folders` (kind -> directory); the target is
+    `target` (a runner over `model`) or an eager LanguageModel."""
+    return MethodEnv(target or LanguageModel(model), FakeTokenizer(model.config.vocab_size), None, folders.get, "tiny")

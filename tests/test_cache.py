@@ -86,7 +86,7 @@ def test_decode_checks_rollback_before_the_first_step():
         is_croppable = False
 
     class SlidingWindowModel(LanguageModel):
-        def new_cache(self):
+        def new_cache(self, tokens=0):
             return SlidingWindowCache(config=self.config)
 
     target = SlidingWindowModel(tiny_llama())

@@ -9,7 +9,7 @@ from time import perf_counter
 
 import click
 
-from pardec_cli.cli.options import model_options, profile_option
+from pardec_cli.cli.options import compile_notice, compile_option, model_options, profile_option
 from pardec_cli.cli.output import loading_status
 
 
@@ -25,8 +25,10 @@ from pardec_cli.cli.output import loading_status
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the results as JSON to this file ('-' for stdout).")
 @profile_option
 @model_options
+@compile_option
 def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int, baseline_hf: bool,
-          json_out: Path | None, profile: str, model: str | None, dtype: str, device: str, offline: bool | None) -> None:
+          json_out: Path | None, profile: str, model: str | None, dtype: str, device: str, offline: bool | None,
+          compile_mode: str) -> None:
     """Benchmark decoding methods on a prompt set, side by side on one loaded model.
 
     Methods run interleaved prompt by prompt after a warm-up, so machine drift hits
@@ -50,11 +52,13 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     load_profiles_checked(profile)
     prompts = limit(load_prompts(prompts_path), limit_per_category)
     with loading_status("loading model"):
-        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True)
+        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True,
+                               compile=compile_mode, notice=compile_notice)
     runner = Bench(session, choices, max_new_tokens=max_tokens, baseline_hf=baseline_hf, profile=profile)
     click.echo(
         f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
-        f"{session.model_name} {session.dtype} on {session.device}, {max_tokens} new tokens",
+        f"{session.model_name} {session.dtype} on {session.device} ({'compiled' if session.compiled else 'eager'} step), "
+        f"{max_tokens} new tokens",
         err=True,
     )
     started = perf_counter()

@@ -43,6 +43,7 @@ def doctor(model: str | None, device: str, dtype: str, as_json: bool) -> None:
         "models": report_lib.models(),
         "profiles": report_lib.profiles_report(),
         "model": report_lib.auto_report(model, hardware),
+        "compiled": report_lib.compiled_runner_report(),
     }
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -88,7 +89,20 @@ def format_report(report: dict[str, Any]) -> list[str]:
                       for n, p in profiles["profiles"].items())
     lines += ["", f"profiles    {names}   (your own: {profiles['user_dir']})"]
     lines += _model_lines(report["model"])
+    lines += _compiled_lines(report["compiled"])
     return lines
+
+
+def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
+    cache = (f"{compiled['cache_files']} files, {compiled['cache_bytes'] / 2**20:.0f} MiB" if compiled["cache_files"]
+             else "empty: nothing compiled yet")
+    breakeven = compiled["break_even_tokens"]["cpu"]
+    return [
+        "", "compiled runner (--compile)",
+        f"  compiler      {compiled['cxx_compiler'] or 'no C++ compiler found: CPU steps run eagerly (install g++)'}",
+        f"  cache         {compiled['cache_dir']} ({cache})",
+        f"  auto          compiles for bench, tune and serve, and for gen/chat work of {breakeven}+ tokens on CPU",
+    ]
 
 
 def _model_lines(model: dict[str, Any]) -> list[str]:

@@ -30,6 +30,8 @@ import click
 from pardec_cli.cli.options import (
     AUTO,
     build_method_options,
+    compile_notice,
+    compile_option,
     method_options,
     model_options,
     profile_option,
@@ -50,6 +52,7 @@ from pardec_cli.prompt_files import parse_prompt_line
 @click.command()
 @click.argument("prompt", nargs=-1)
 @model_options
+@compile_option
 @method_options()
 @profile_option
 @sampling_options
@@ -73,7 +76,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
         method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
         system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
-        prompts_file: Path | None, each_line: bool) -> None:
+        prompts_file: Path | None, each_line: bool, compile_mode: str) -> None:
     """Generate a reply to PROMPT and stream it to stdout.
 
     The prompt is the arguments joined by spaces; text piped on stdin is appended after
@@ -124,7 +127,10 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     user_set = options_set_by_user(click.get_current_context(), PROFILE_SAMPLING_KEYS)
     load_profiles_checked(profile)  # a bad profile file or -P value fails before the model loads
     with loading_status("loading model"):
-        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))
+        session = Session.load(
+            model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),
+            compile=compile_mode, expected_tokens=max_tokens, notice=compile_notice,
+        )
         planner = Planner(session, method=method, options=options, profile=profile, settings=settings,
                           user_set=user_set, drafters=[draft_model] if draft_model and method == AUTO else [],
                           explain=explain)

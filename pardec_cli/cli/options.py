@@ -70,6 +70,22 @@ def model_options(f: F) -> F:
     return f
 
 
+def compile_option(f: F) -> F:
+    """--compile auto|on|off: the compiled runner (torch.compile over a static KV cache)."""
+    return click.option(
+        "--compile", "compile_mode", default=AUTO, show_default=True, type=click.Choice(["auto", "on", "off"]),
+        help="Run decoding steps through torch.compile over a static KV cache. on: compile on first use "
+        "(tens of seconds once per process; the on-disk cache makes later compiles shorter); off: eager; "
+        "auto: compiled where the work is long enough to pay the compile back (bench, tune, serve, and "
+        "a -n large enough; `pardec doctor` says how large). The output is the same either way.",
+    )(f)
+
+
+def compile_notice(message: str) -> None:
+    """The runner's one-line messages (compiling a step, falling back to eager), on stderr."""
+    click.echo(f"pardec: {message}", err=True)
+
+
 def method_options(default: str = AUTO) -> Callable[[F], F]:
     """--method, -O/--option KEY=VALUE, --draft-model, --heads."""
 

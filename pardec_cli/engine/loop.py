@@ -83,7 +83,7 @@ def decode(
     with torch.inference_mode():
         start = perf_counter()
         proposer.start(StartContext(target, tuple(prompt_ids), sampling, generator))
-        cache = target.new_cache()
+        cache = target.new_cache(len(prompt_ids) + max_new_tokens)
         if layers:
             logits, features = target.forward_features(prompt_ids, cache, layers, last_only=True)  # [1, V], [P, F]
             proposer.prefilled(features)  # type: ignore[attr-defined]

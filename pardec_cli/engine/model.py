@@ -41,8 +41,14 @@ class LanguageModel:
         """The longest sequence the model was trained for, if its config says."""
         return getattr(self.config, "max_position_embeddings", None)
 
-    def new_cache(self) -> Any:
+    def new_cache(self, tokens: int = 0) -> Any:
+        """A fresh KV cache; `tokens` (prompt + tokens to generate, 0 if unknown) lets a
+        preallocating cache size itself. The dynamic cache grows as needed."""
         return new_cache(self.config)
+
+    def warm(self, *, hidden_layers: bool = False) -> None:
+        """Prepare the decoding steps ahead of time, before anything is measured or a user
+        waits (the compiled runner compiles its graphs here); nothing to do eagerly."""
 
     def as_input(self, token_ids: Sequence[int]) -> torch.Tensor:
         """token ids -> LongTensor [1, n] on the model's device."""

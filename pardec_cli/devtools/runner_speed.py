@@ -1,0 +1,85 @@
+"""Measure the compiled runner against the eager step: compile time, step time, break-even.
+
+Loads one model, compiles the runner's two graphs (decode, verify) and then times one
+forward of k new tokens over a `--context`-token cache, eager (`LanguageModel`, dynamic
+cache) and compiled, interleaved k by k so that machine drift hits both alike. Prints
+per k the median and the interquartile range of each, and the break-even: compile
+seconds over the time saved per one-token step (the number behind
+`engine.runner.BREAK_EVEN_TOKENS`). Run it twice to see a warm on-disk cache.
+
+    python -m pardec_cli.devtools.runner_speed [-m MODEL] [--dtype bfloat16] [--context 300] [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from time import perf_counter
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4)
+    return q[0], statistics.median(values), q[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", default=None)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--ks", default="1,2,4,8,16,32,64")
+    parser.add_argument("--json", default=None, help="also write the results to this file")
+    args = parser.parse_args()
+
+    import torch
+
+    from pardec_cli.engine.cache import rollback_to
+    from pardec_cli.engine.model import LanguageModel
+    from pardec_cli.session import Session
+
+    compiled = Session.load(args.model, dtype=args.dtype, device="cpu", compile="on", notice=lambda m: print(m, file=sys.stderr))
+    target = compiled.target
+    eager = LanguageModel(target.model)
+    began = perf_counter()
+    target.warm()
+    compile_s = perf_counter() - began
+    prompt = torch.randint(100, 1000, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
+    ks = [int(k) for k in args.ks.split(",")]
+    rows = []
+    with torch.inference_mode():
+        caches = {}
+        for name, lm in (("eager", eager), ("compiled", target)):
+            caches[name] = lm.new_cache(args.context + 128)
+            lm.forward(prompt, caches[name], last_only=True)
+        for k in ks:
+            inputs = list(range(200, 200 + k))
+            times: dict[str, list[float]] = {"eager": [], "compiled": []}
+            for _ in range(args.repeats + 2):
+                for name, lm in (("eager", eager), ("compiled", target)):
+                    t0 = perf_counter()
+                    lm.forward(inputs, caches[name])
+                    times[name].append((perf_counter() - t0) * 1000)
+                    rollback_to(caches[name], args.context)
+            row = {"k": k}
+            for name, values in times.items():
+                row[name] = _quartiles(values[2:])  # the first two: warm-up
+            rows.append(row)
+            print(f"k={k:3d}  eager {row['eager'][1]:7.1f} ms ({row['eager'][0]:.1f}-{row['eager'][2]:.1f})  "
+                  f"compiled {row['compiled'][1]:7.1f} ms ({row['compiled'][0]:.1f}-{row['compiled'][2]:.1f})  "
+                  f"x{row['eager'][1] / row['compiled'][1]:.2f}", flush=True)
+    one = rows[0] if rows and rows[0]["k"] == 1 else None
+    saved_ms = one["eager"][1] - one["compiled"][1] if one else float("nan")
+    break_even = compile_s / (saved_ms / 1000) if saved_ms > 0 else float("inf")
+    print(f"compile (both graphs) {compile_s:.1f} s; saved per one-token step {saved_ms:.1f} ms; "
+          f"break-even {break_even:.0f} tokens")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": compiled.model_name, "dtype": args.dtype, "context": args.context, "compile_s": compile_s,
+                       "rows": rows, "break_even_tokens": break_even}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""A preallocated KV cache whose rollback is a length change: what a compiled step needs.
+
+A compiled forward wants fixed tensors: every layer's keys and values live in one
+[1, H_kv, capacity, D] buffer for the whole generation, new rows are written in place at
+the positions the runner sets for the step (`write_positions`), and attention reads the
+whole buffer through a mask that hides everything at or beyond `length`. Dropping
+rejected drafts is then `length -= n` (nothing moves), and keeping a tree path is the
+same gather the dynamic cache does (`engine.cache.keep_path` works on both, through
+`layers[i].keys/values`, `get_seq_length` and `crop`).
+
+Capacity grows in powers of two (`grow`): each growth copies the filled part once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+MIN_CAPACITY = 256
+
+
+def capacity_for(tokens: int) -> int:
+    """The smallest power-of-two capacity (at least MIN_CAPACITY) that holds `tokens`."""
+    capacity = MIN_CAPACITY
+    while capacity < tokens:
+        capacity *= 2
+    return capacity
+
+
+class _Slots:
+    """Where the rows of the current forward go: [q] long, shared by every layer."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.positions = torch.zeros(1, dtype=torch.long, device=device)
+
+
+class StaticLayerKV(CacheLayerMixin):
+    """One layer's [1, H_kv, capacity, D] keys and values, written at `slots.positions`."""
+
+    is_compileable = True
+    is_croppable = True
+    is_sliding = False
+
+    def __init__(self, slots: _Slots, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.slots = slots
+        self.dtype, self.device = dtype, device
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Never needed: the buffers are allocated up front (their shapes come from the config)."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        # key_states: [1, H_kv, q, D] -> rows slots.positions of the buffers; attention
+        # reads all `capacity` rows, the mask hiding the unfilled ones.
+        positions = self.slots.positions
+        self.keys.index_copy_(2, positions, key_states)
+        self.values.index_copy_(2, positions, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[-2], 0
+
+    def get_seq_length(self) -> int:  # the owning cache knows the length; layers only hold rows
+        raise NotImplementedError("ask the StaticKVCache, not one of its layers")
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[-2]
+
+
+class StaticKVCache(Cache):
+    """The KV cache of a `runner.CompiledLanguageModel`: preallocated, rolled back by length."""
+
+    def __init__(self, config: Any, capacity: int, *, dtype: torch.dtype, device: torch.device) -> None:
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        heads = int(text.num_attention_heads)
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        self.shape = (1, kv_heads, capacity, head_dim)
+        self.slots = _Slots(device)
+        layers = [StaticLayerKV(self.slots, self.shape, dtype, device) for _ in range(int(text.num_hidden_layers))]
+        super().__init__(layers=layers)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.shape[2]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.capacity, 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last `-tokens_to_remove` positions (transformers' 5.x convention: a
+        negative count); the rows stay in place, hidden by the mask, until overwritten."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of positions to drop, got {tokens_to_remove}")
+        self.length = max(0, self.length + tokens_to_remove)
+
+    @property
+    def is_croppable(self) -> bool:
+        return True
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+    def grow(self, capacity: int) -> None:
+        """Reallocate every layer's buffers at `capacity` rows, keeping the filled ones."""
+        if capacity <= self.capacity:
+            return
+        self.shape = (*self.shape[:2], capacity, self.shape[3])
+        for layer in self.layers:
+            for name in ("keys", "values"):
+                old = getattr(layer, name)
+                new = torch.zeros(self.shape, dtype=old.dtype, device=old.device)
+                new[:, :, : self.length] = old[:, :, : self.length]
+                setattr(layer, name, new)

@@ -1,0 +1,306 @@
+"""The compiled runner (`engine.runner`): a static KV cache, explicit masks and positions,
+torch.compile'd steps -- and the same tokens as plain decoding, for every method.
+
+Most tests run the runner with compiling switched off (`EAGER_STATIC`: the same static
+cache, masks, positions and rollbacks, the model run as is), which checks all of the
+runner's own logic in milliseconds; a few compile for real (tens of seconds, once per
+test run thanks to one shared model and inductor's on-disk cache).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from pardec_cli.engine.cache import keep_path, rollback_to
+from pardec_cli.engine.events import FINISH_EOS, FINISH_LENGTH
+from pardec_cli.engine.loop import decode
+from pardec_cli.engine.model import LanguageModel
+from pardec_cli.engine.compile_policy import compile_pays
+from pardec_cli.engine.runner import (
+    DECODE,
+    MAX_COMPILED_ROWS,
+    VERIFY,
+    CompiledLanguageModel,
+    compile_options,
+    graph_kind,
+    step_mask,
+)
+from pardec_cli.engine.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
+from pardec_cli.engine.tree import tree_attention
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.methods import registry
+from pardec_cli.methods.base import MethodEnv
+from tests.head_helpers import head_env, write_eagle1, write_eagle3, write_medusa
+from tests.test_exactness import METHOD_CASES, FakeTokenizer, hf_greedy, random_prompt
+from tests.test_methods_draftfree import TREE_CASES
+from tests.tiny_models import peaked, tiny_llama
+
+
+def no_compile(fn, **kwargs):
+    """A stand-in for torch.compile that returns the function unchanged."""
+    return fn
+
+
+def eager_static(model, notices=None) -> CompiledLanguageModel:
+    return CompiledLanguageModel(model, compile_fn=no_compile, on_notice=(notices.append if notices is not None else None))
+
+
+def run_on(target: LanguageModel, method: str, options: dict, prompt, *, max_new_tokens: int, drafter=None, eos=()):
+    def load(spec: str):
+        return LanguageModel(drafter), FakeTokenizer(drafter.config.vocab_size)
+
+    env = MethodEnv(target, FakeTokenizer(target.config.vocab_size), load)
+    proposer = registry.create(method, options, env)
+    events = list(decode(target, proposer, prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos))
+    return [t for e in events for t in e.tokens], events
+
+
+# ------------------------------------------------------------------ the pieces
+
+
+def test_graph_kinds_one_token_several_tokens_and_eager_beyond():
+    assert graph_kind(1) == DECODE
+    assert graph_kind(2) == graph_kind(MAX_COMPILED_ROWS) == VERIFY
+    assert graph_kind(MAX_COMPILED_ROWS + 1) is None
+
+
+def test_compile_options_use_cuda_graphs_on_cuda_and_freezing_on_cpu():
+    assert compile_options("cuda")["mode"] == "reduce-overhead"
+    cpu = compile_options("cpu")
+    assert cpu["options"]["freezing"] is True and "mode" not in cpu
+
+
+def test_compiling_pays_for_long_lived_sessions_and_long_work_only():
+    assert compile_pays(None, "cpu") and compile_pays(None, "cuda:1")
+    assert not compile_pays(256, "cpu")
+    assert compile_pays(1_000_000, "cpu") and compile_pays(1_000_000, "cuda:0")
+
+
+def test_capacities_are_powers_of_two_from_the_minimum():
+    assert capacity_for(1) == MIN_CAPACITY
+    assert capacity_for(MIN_CAPACITY) == MIN_CAPACITY
+    assert capacity_for(MIN_CAPACITY + 1) == 2 * MIN_CAPACITY
+    assert capacity_for(5000) == 8192
+
+
+@pytest.mark.parametrize("parents", [(-1, 0, 0, 1, 2, -1), (-1, 0, 1, 2)], ids=["tree", "chain-as-tree"])
+def test_step_mask_is_the_tree_mask_over_the_cache_then_nothing(parents):
+    past, capacity = 7, 32
+    rows = len(parents) + 1
+    expected, expected_positions = tree_attention(parents, past, dtype=torch.float32, device="cpu")
+    mask, positions = step_mask(past, rows, capacity, parents, dtype=torch.float32, device=torch.device("cpu"))
+    assert mask.shape == (1, 1, rows, capacity)
+    assert torch.equal(mask[..., : past + rows], expected)
+    assert (mask[..., past + rows :] == torch.finfo(torch.float32).min).all()  # unfilled rows: never attended
+    assert torch.equal(positions, expected_positions)
+
+
+def test_a_chain_mask_is_causal():
+    mask, positions = step_mask(3, 4, 16, None, dtype=torch.float32, device=torch.device("cpu"))
+    seen = mask[0, 0] == 0
+    assert seen[:, :3].all()
+    assert torch.equal(seen[:, 3:7], torch.ones(4, 4, dtype=torch.bool).tril())
+    assert not seen[:, 7:].any()
+    assert positions.tolist() == [[3, 4, 5, 6]]
+
+
+def test_the_static_cache_rolls_back_by_length_and_grows_keeping_its_rows():
+    model = tiny_llama(0)
+    cache = StaticKVCache(model.config, 256, dtype=torch.float32, device=torch.device("cpu"))
+    assert cache.get_seq_length() == 0 and cache.capacity == 256 and cache.is_croppable
+    cache.layers[0].keys[0, 0, :10] = torch.arange(10.0)[:, None]
+    cache.length = 10
+    rollback_to(cache, 6)
+    assert cache.get_seq_length() == 6
+    with pytest.raises(ValueError):
+        cache.crop(3)  # transformers 5's convention: a negative count
+    cache.grow(512)
+    assert cache.capacity == 512 and cache.layers[0].keys.shape[2] == 512
+    assert torch.equal(cache.layers[0].keys[0, 0, :6, 0], torch.arange(6.0))
+    assert (cache.layers[0].keys[0, 0, 6:] == 0).all()  # only the filled rows were kept
+
+
+def test_a_model_without_mask_attention_is_refused_with_the_fix():
+    model = tiny_llama(0)
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(PardecUsageError, match="4-D mask") as refused:
+        CompiledLanguageModel(model)
+    assert "eagerly" in refused.value.hint
+
+
+# ------------------------------------------------- logits and caches match eager
+
+
+def test_logits_and_kept_cache_rows_equal_the_dynamic_cache_path():
+    """Prefill, a tree step, keep a non-prefix path, then a chain step: the runner's logits
+    and cache rows equal the eager LanguageModel's at every point (float32)."""
+    model = tiny_llama(3)
+    eager, runner = LanguageModel(model), eager_static(model)
+    prompt = random_prompt(3)
+    parents = (-1, 0, 0, 1, -1)
+    with torch.inference_mode():
+        caches = [lm.new_cache(64) for lm in (eager, runner)]
+        for lm, cache in zip((eager, runner), caches):
+            lm.forward(prompt, cache, last_only=True)
+        tree = [lm.forward([5, 6, 7, 8, 9, 10], cache, parents=parents) for lm, cache in zip((eager, runner), caches)]
+        torch.testing.assert_close(tree[1], tree[0], rtol=0, atol=1e-5)
+        for cache in caches:  # the root is at len(prompt), its nodes after it; keep node 0 -> 1 -> 3
+            keep_path(cache, len(prompt) + 1, (0, 1, 3))
+        chain = [lm.forward([11, 12, 13], cache) for lm, cache in zip((eager, runner), caches)]
+        torch.testing.assert_close(chain[1], chain[0], rtol=0, atol=1e-5)
+    dynamic, static = caches
+    assert static.get_seq_length() == dynamic.get_seq_length() == len(prompt) + 1 + 3 + 3
+    n = static.get_seq_length()
+    for d, s in zip(dynamic.layers, static.layers):
+        torch.testing.assert_close(s.keys[:, :, :n], d.keys, rtol=0, atol=1e-5)
+        torch.testing.assert_close(s.values[:, :, :n], d.values, rtol=0, atol=1e-5)
+
+
+def test_a_generation_longer_than_the_cache_grows_it():
+    model = peaked(tiny_llama(1))
+    runner = eager_static(model)
+    prompt = random_prompt(1, length=MIN_CAPACITY - 10)
+    cache = runner.new_cache()  # sized for nothing in particular: it must grow
+    assert cache.capacity == capacity_for(1 + MAX_COMPILED_ROWS)
+    with torch.inference_mode():
+        runner.forward(prompt, cache, last_only=True)
+        for token in range(40):
+            runner.forward([3 + token], cache)
+    assert cache.capacity >= len(prompt) + 40 and cache.get_seq_length() == len(prompt) + 40
+
+
+# ------------------------------------------------------ exactness, every method
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(seed: int, sharp: bool, limit: int) -> tuple[int, ...]:
+    model = _model(seed, sharp)
+    return tuple(hf_greedy(model, random_prompt(seed), limit))
+
+
+@functools.lru_cache(maxsize=None)
+def _model(seed: int, sharp: bool):
+    model = tiny_llama(seed)
+    return peaked(model) if sharp else model
+
+
+@pytest.mark.parametrize("seed,sharp", [(0, True), (1, False)], ids=["peaked", "flat"])
+@pytest.mark.parametrize("method,options", METHOD_CASES + TREE_CASES, ids=str)
+def test_every_method_on_the_static_runner_equals_plain_decoding(method, options, seed, sharp):
+    model = _model(seed, sharp)
+    drafter = tiny_llama(seed + 100, layers=2)
+    tokens, events = run_on(eager_static(model), method, options, random_prompt(seed), max_new_tokens=40, drafter=drafter)
+    assert tokens == list(_reference(seed, sharp, 40))
+    assert events[-1].finish_reason == FINISH_LENGTH
+
+
+@pytest.mark.parametrize("method,options", [("pld", {}), ("suffix+recycling", {}), ("lookahead", {})], ids=str)
+def test_eos_and_the_token_limit_inside_a_draft_on_the_static_runner(method, options):
+    model = _model(5, True)
+    prompt = random_prompt(5)
+    free = hf_greedy(model, prompt, 40)
+    eos = free[17]
+    tokens, events = run_on(eager_static(model), method, options, prompt, max_new_tokens=40, eos=(eos,))
+    assert tokens == free[: free.index(eos) + 1] and events[-1].finish_reason == FINISH_EOS
+    for limit in (1, 2, 7):
+        assert run_on(eager_static(model), method, options, prompt, max_new_tokens=limit)[0] == free[:limit]
+
+
+@pytest.mark.parametrize("method,options", [("medusa", {}), ("eagle", {}), ("eagle3", {"topk": 3, "depth": 3, "nodes": 8})], ids=str)
+def test_heads_read_hidden_states_through_the_static_runner_exactly(tmp_path, method, options):
+    model = peaked(tiny_llama(2))
+    folders = {kind: tmp_path / kind for kind in ("medusa", "eagle", "eagle3")}
+    write_medusa(folders["medusa"], model, seed=2)
+    write_eagle1(folders["eagle"], model, seed=2)
+    write_eagle3(folders["eagle3"], model, seed=2)
+    env = head_env(model, folders, target=eager_static(model))
+    prompt = random_prompt(2)
+    events = list(decode(env.target, registry.create(method, options, env), prompt, max_new_tokens=40))
+    assert [t for e in events for t in e.tokens] == hf_greedy(model, prompt, 40)
+    assert sum(e.drafted for e in events) > 0
+
+
+# ------------------------------------------------------- failures fall back
+
+
+def test_a_graph_that_fails_to_compile_runs_eagerly_with_one_notice():
+    def broken_compile(fn, **kwargs):
+        def compiled(*args, **kw):
+            raise RuntimeError("inductor: no C++ compiler found\nlong trace")
+
+        return compiled
+
+    model = _model(0, True)
+    notices: list[str] = []
+    runner = CompiledLanguageModel(model, compile_fn=broken_compile, on_notice=notices.append)
+    tokens, _ = run_on(runner, "pld", {}, random_prompt(0), max_new_tokens=40)
+    assert tokens == list(_reference(0, True, 40))
+    failed = [n for n in notices if "failed" in n]
+    assert len(failed) == 2  # one per graph (decode, verify), not one per step
+    assert "no C++ compiler found" in failed[0] and "long trace" not in failed[0]
+    assert all(state.failed for state in runner.graph_states().values())
+
+
+# ------------------------------------------------------- really compiled
+
+
+@pytest.fixture(scope="module")
+def compiled_runner():
+    """One compiled runner for the module: each graph compiles once (tens of seconds)."""
+    notices: list[str] = []
+    runner = CompiledLanguageModel(_model(0, True), on_notice=notices.append)
+    runner.notices = notices
+    return runner
+
+
+@pytest.mark.parametrize(
+    "method,options", [("vanilla", {}), ("pld", {}), ("suffix+recycling", {}), ("lookahead", {}), ("jacobi", {})], ids=str
+)
+def test_compiled_steps_give_the_tokens_of_plain_decoding(compiled_runner, method, options):
+    tokens, events = run_on(compiled_runner, method, options, random_prompt(0), max_new_tokens=40)
+    assert tokens == list(_reference(0, True, 40))
+    states = compiled_runner.graph_states()
+    assert states["decode"].failed is None and states["decode"].compile_seconds is not None
+    if method != "vanilla":
+        assert states["verify"].failed is None and states["verify"].compile_seconds is not None
+        assert sum(e.drafted for e in events) > 0
+
+
+def test_one_verify_graph_serves_every_draft_size_and_cache_size(compiled_runner):
+    """Drafts of many sizes and a cache that grows must not recompile (a symbolic row count
+    and capacity): the verify graph's compile time is counted once."""
+    from torch._dynamo.utils import counters
+
+    compiled_runner.warm()
+    before = counters["stats"]["unique_graphs"]
+    prompt = random_prompt(0, length=MIN_CAPACITY)  # grows the cache past its first capacity
+    tokens, _ = run_on(compiled_runner, "pld", {"num_draft": 3}, prompt, max_new_tokens=30)
+    tokens2, _ = run_on(compiled_runner, "suffix", {"max_nodes": 24}, prompt, max_new_tokens=30)
+    assert tokens == tokens2 == hf_greedy(compiled_runner.model, prompt, 30)
+    assert counters["stats"]["unique_graphs"] == before
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+@pytest.mark.real_model  # the tiny model speaks through the real tokenizer
+def test_gen_compile_on_prints_the_same_text_as_eager(tiny_cli_model):
+    from tests.cli_helpers import invoke
+
+    args = ["gen", "-m", str(tiny_cli_model), "--dtype", "float32", "--method", "pld", "-n", "24", "--stats", "Repeat: a b c a b c"]
+    eager = invoke([*args, "--compile", "off"])
+    compiled = invoke([*args, "--compile", "on"])
+    assert eager.exit_code == compiled.exit_code == 0, compiled.stderr
+    assert compiled.stdout == eager.stdout and compiled.stdout.strip()
+    assert "compiling the decode step" in compiled.stderr and "compiling" not in eager.stderr
+    assert "Traceback" not in compiled.stderr
+
+
+def test_a_bad_compile_value_is_one_usage_error():
+    from tests.cli_helpers import invoke
+
+    result = invoke(["gen", "--compile", "sometimes", "hi"])
+    assert result.exit_code == 2 and "'sometimes' is not one of" in result.stderr and "Traceback" not in result.stderr
