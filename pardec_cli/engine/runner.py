@@ -184,6 +184,10 @@ class CompiledLanguageModel(LanguageModel):
             if first:
                 self._on_notice(f"compiling the {kind} step (once per model; cached on disk)")
             began = perf_counter()
+            if self.device.type == "cuda":
+                # The previous step's outputs were consumed (the loop keeps no logits across
+                # steps): CUDA graph replays may reuse their memory.
+                torch.compiler.cudagraph_mark_step_begin()
             try:
                 out = graph(self.model, input_ids, positions, mask, cache, hidden)
             except Exception as exc:  # a compiler error must not end the generation

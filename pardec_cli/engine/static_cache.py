@@ -29,6 +29,13 @@ def capacity_for(tokens: int) -> int:
     return capacity
 
 
+def _static_address(*buffers: torch.Tensor) -> None:
+    # CUDA graphs replay fixed addresses: buffers mutated inside a graph must be marked, or
+    # the compiled step would skip CUDA graphs. Harmless on CPU.
+    for buffer in buffers:
+        torch._dynamo.mark_static_address(buffer)
+
+
 class _Slots:
     """Where the rows of the current forward go: [q] long, shared by every layer."""
 
@@ -49,6 +56,7 @@ class StaticLayerKV(CacheLayerMixin):
         self.dtype, self.device = dtype, device
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
+        _static_address(self.keys, self.values)
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -122,3 +130,4 @@ class StaticKVCache(Cache):
                 new = torch.zeros(self.shape, dtype=old.dtype, device=old.device)
                 new[:, :, : self.length] = old[:, :, : self.length]
                 setattr(layer, name, new)
+            _static_address(layer.keys, layer.values)
