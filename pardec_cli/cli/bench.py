@@ -28,7 +28,7 @@ from pardec_cli.cli.output import loading_status
 @compile_option
 def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int, baseline_hf: bool,
           json_out: Path | None, profile: str, model: str | None, dtype: str, device: str, offline: bool | None,
-          compile_mode: str) -> None:
+          compile: str) -> None:
     """Benchmark decoding methods on a prompt set, side by side on one loaded model.
 
     Methods run interleaved prompt by prompt after a warm-up, so machine drift hits
@@ -53,7 +53,7 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     prompts = limit(load_prompts(prompts_path), limit_per_category)
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True,
-                               compile=compile_mode, notice=compile_notice)
+                               compile=compile, notice=compile_notice)
     runner = Bench(session, choices, max_new_tokens=max_tokens, baseline_hf=baseline_hf, profile=profile)
     click.echo(
         f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "

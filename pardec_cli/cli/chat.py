@@ -37,7 +37,7 @@ from pardec_cli.errors import PardecError, PardecUsageError
 @click.option("--list", "list_only", is_flag=True, help="Print the saved conversations (id, date, title) and exit.")
 @click.option("--save/--no-save", default=True, show_default=True,
               help="Save conversations under the pardec home (config: `save = false` in [chat]).")
-def chat(model: str | None, dtype: str, device: str, offline: bool | None, compile_mode: str, method: str,
+def chat(model: str | None, dtype: str, device: str, offline: bool | None, compile: str, method: str,
          method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, max_tokens: int,
          temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...], profile: str, system: str | None,
          resume: str | None, history: bool, list_only: bool, save: bool) -> None:
@@ -78,11 +78,11 @@ def chat(model: str | None, dtype: str, device: str, offline: bool | None, compi
     if not (is_terminal(sys.stdin) and is_terminal(sys.stdout)):
         raise PardecUsageError("pardec chat needs a terminal", hint="in scripts and pipes use `pardec gen`")
     run_app(settings, model=model, dtype=dtype, device=device, offline=offline, system=system,
-            conversation=conversation, save=save, history=history, store=store, compile_mode=compile_mode)
+            conversation=conversation, save=save, history=history, store=store, compile=compile)
 
 
 def run_app(settings: Any, *, model: str | None, dtype: str, device: str, offline: bool | None, system: str | None,
-            conversation: Any, save: bool, history: bool, store: Any, compile_mode: str = "auto") -> None:
+            conversation: Any, save: bool, history: bool, store: Any, compile: str = "auto") -> None:
     """Start the Textual app; the model loads in its worker through `Session.load`."""
     from pardec_cli.session import Session
     from pardec_cli.tui.app import ChatApp, ChatOptions
@@ -90,7 +90,7 @@ def run_app(settings: Any, *, model: str | None, dtype: str, device: str, offlin
     def load(spec: str | None) -> Session:
         # A reply is one gen's worth of tokens: auto compiles only where that pays back, and
         # a compile would hold the first reply (its notices cannot go to the full screen).
-        return Session.load(spec, dtype=dtype, device=device, offline=offline, compile=compile_mode,
+        return Session.load(spec, dtype=dtype, device=device, offline=offline, compile=compile,
                             expected_tokens=settings.max_tokens)
 
     options = ChatOptions(settings=settings, model=model, system=system, conversation=conversation, save=save,

@@ -76,7 +76,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
         method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
         system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
-        prompts_file: Path | None, each_line: bool, compile_mode: str) -> None:
+        prompts_file: Path | None, each_line: bool, compile: str) -> None:
     """Generate a reply to PROMPT and stream it to stdout.
 
     The prompt is the arguments joined by spaces; text piped on stdin is appended after
@@ -129,7 +129,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     with loading_status("loading model"):
         session = Session.load(
             model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),
-            compile=compile_mode, expected_tokens=max_tokens, notice=compile_notice,
+            compile=compile, expected_tokens=max_tokens, notice=compile_notice,
         )
         planner = Planner(session, method=method, options=options, profile=profile, settings=settings,
                           user_set=user_set, drafters=[draft_model] if draft_model and method == AUTO else [],

@@ -71,9 +71,10 @@ def model_options(f: F) -> F:
 
 
 def compile_option(f: F) -> F:
-    """--compile auto|on|off: the compiled runner (torch.compile over a static KV cache)."""
+    """--compile auto|on|off: the compiled runner (torch.compile over a static KV cache);
+    `compile = "off"` in config.toml, PARDEC_GEN_COMPILE=off in the environment."""
     return click.option(
-        "--compile", "compile_mode", default=AUTO, show_default=True, type=click.Choice(["auto", "on", "off"]),
+        "--compile", "compile", default=AUTO, show_default=True, type=click.Choice(["auto", "on", "off"]),
         help="Run decoding steps through torch.compile over a static KV cache. on: compile on first use "
         "(tens of seconds once per process; the on-disk cache makes later compiles shorter); off: eager; "
         "auto: compiled where the work is long enough to pay the compile back (bench, tune, serve, and "
