@@ -296,6 +296,7 @@ def test_gen_compile_on_prints_the_same_text_as_eager(tiny_cli_model):
     assert eager.exit_code == compiled.exit_code == 0, compiled.stderr
     assert compiled.stdout == eager.stdout and compiled.stdout.strip()
     assert "compiling the decode step" in compiled.stderr and "compiling" not in eager.stderr
+    assert "float32, cpu, compiled step)" in compiled.stderr and "compiled step" not in eager.stderr
     assert "Traceback" not in compiled.stderr
 
 

@@ -351,6 +351,7 @@ def result_record(session: Any, stream: Any, profile: str | None = None) -> dict
         "profile": profile,
         "dtype": session.dtype,
         "device": session.device,
+        "compiled": session.compiled,
         "finish_reason": stream.finish_reason,
         "stats": stream.stats.to_dict(),
     }

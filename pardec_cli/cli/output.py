@@ -77,7 +77,7 @@ def print_stats(session: Any, stream: Any, *, title: str | None = None) -> None:
     lines = [f"== {title}"] if title else []
     lines += [
         f"method      {session.method_name} {knob_text}".rstrip(),
-        f"model       {session.model_name} ({session.dtype}, {session.device})",
+        f"model       {session.model_name} ({session.dtype}, {session.device}{', compiled step' if session.compiled else ''})",
         f"tokens      {s.prompt_tokens} prompt, {s.generated_tokens} generated ({stream.finish_reason})",
         f"speed       {s.tokens_per_s:.1f} tok/s end to end, {s.decode_tokens_per_s:.1f} tok/s after the first token",
         f"first token {s.ttft_s * 1000:.0f} ms",
