@@ -44,6 +44,7 @@ from pardec_cli.cli.output import (
     write_json_line,
 )
 from pardec_cli.errors import PardecError, PardecUsageError
+from pardec_cli.planning import PROFILE_SAMPLING_KEYS, Planner, Settings, load_profiles_checked
 from pardec_cli.prompt_files import parse_prompt_line
 
 
@@ -126,32 +127,16 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))
         planner = Planner(session, method=method, options=options, profile=profile, settings=settings,
-                          user_set=user_set, drafters=[draft_model] if draft_model and method == AUTO else [],
-                          explain=explain)
+                          user_set=user_set, drafters=[draft_model] if draft_model and method == AUTO else [])
         if not batch:
-            settings = planner.plan(text)
+            settings = plan_prompt(planner, text, explain=explain)
     with reader_may_leave():
         if batch:
-            run_batch(session, jobs, planner, steps=as_jsonl, stats=stats)
+            run_batch(session, jobs, planner, steps=as_jsonl, stats=stats, explain=explain)
         else:
             mode = "jsonl" if as_jsonl else "json" if as_json else "text"
             run_single(session, text, settings, mode=mode, streaming=not no_stream, stats=stats,
                        profile=planner.profile_used)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How to generate, for every prompt of a run."""
-
-    max_tokens: int
-    sampling: Any
-    stop: tuple[str, ...]
-    system: str | None
-    raw: bool
-
-
-# Options a profile's [sampling] table gives defaults for (parameter name -> profile key).
-PROFILE_SAMPLING_KEYS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
 
 
 def options_set_by_user(ctx: click.Context, names: Any) -> set[str]:
@@ -165,72 +150,14 @@ def options_set_by_user(ctx: click.Context, names: Any) -> set[str]:
     return {name for name in names if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
 
 
-def load_profiles_checked(profile: str) -> None:
-    """Read the profiles now (a broken file is one clear error) and check the -P value."""
-    from pardec_cli.profiles import get_profile, load_profiles
-
-    load_profiles()
-    if profile != AUTO:
-        get_profile(profile)
-
-
-class Planner:
-    """Per prompt: its profile (given, or detected), the settings (the profile's sampling
-    defaults for options the user left unset), and the method (given, or auto's choice),
-    which it makes the session's current method."""
-
-    def __init__(self, session: Any, *, method: str, options: dict[str, Any], profile: str, settings: Settings,
-                 user_set: set[str], drafters: list[str], explain: bool) -> None:
-        from pardec_cli.profiles import load_profiles
-
-        self.session = session
-        self.method, self.options, self.profile = method, options, profile
-        self.settings, self.user_set, self.explain = settings, user_set, explain
-        self.profiles = load_profiles()
-        self.selector = None
-        if method == AUTO:
-            from pardec_cli.select import AutoSelector
-
-            self.selector = AutoSelector.for_session(session, drafters=drafters)
-        else:
-            session.set_method(method, options)
-        self.profile_used: str | None = None
-
-    def plan(self, text: str, title: str | None = None) -> Settings:
-        """Settings for `text`; the session's method is set for it."""
-        from dataclasses import replace
-
-        from pardec_cli.tasks import detect_task
-
-        task = detect_task(text) if self.profile == AUTO else None
-        name = task.profile if task else self.profile
-        self.profile_used = name
-        defaults = {key: value for option, key in PROFILE_SAMPLING_KEYS.items()
-                    if option not in self.user_set and (value := self.profiles[name].sampling.get(key)) is not None}
-        settings = self.settings
-        if defaults:
-            sampling_keys = {k: v for k, v in defaults.items() if k != "max_tokens"}
-            settings = replace(
-                settings,
-                max_tokens=int(defaults.get("max_tokens", settings.max_tokens)),
-                sampling=replace(settings.sampling, **sampling_keys),
-            )
-        if self.selector is not None:
-            choice = self.selector.choose(text, name, greedy=settings.sampling.greedy)
-            choice = replace(choice, task=task)
-            self.session.set_method(choice.method, choice.knobs)
-            lines = choice.reasons()
-        else:
-            given = f"{name} (detected: {'; '.join(task.reasons)})" if task else f"{name} (given)"
-            lines = [f"method    {self.method} (given)", f"profile   {given}"]
-        if self.explain:
-            sampling = settings.sampling
-            mode = "greedy" if sampling.greedy else f"temperature {sampling.temperature:g}, top_p {sampling.top_p:g}, top_k {sampling.top_k}"
-            lines.append(f"sampling  {mode}, at most {settings.max_tokens} tokens")
-            header = [f"== {title}"] if title else []
-            for line in header + lines:
-                click.echo(line, err=True)
-        return settings
+def plan_prompt(planner: Planner, text: str, *, explain: bool, title: str | None = None) -> Settings:
+    """Plan `text` (the session's method is set for it); with --explain, say why on stderr."""
+    plan = planner.plan(text)
+    if explain:
+        header = [f"== {title}"] if title else []
+        for line in header + plan.explain_lines():
+            click.echo(line, err=True)
+    return plan.settings
 
 
 @dataclass(frozen=True)
@@ -302,7 +229,8 @@ def run_single(session: Any, text: str, settings: Settings, *, mode: str, stream
         raise KeyboardInterrupt
 
 
-def run_batch(session: Any, jobs: Iterator[BatchPrompt], planner: Planner, *, steps: bool, stats: bool) -> None:
+def run_batch(session: Any, jobs: Iterator[BatchPrompt], planner: Planner, *, steps: bool, stats: bool,
+              explain: bool = False) -> None:
     """Generate a reply per prompt on the loaded model; one JSON line per prompt on stdout.
 
     A prompt that fails (too long for the context, empty) gets a line with an "error"
@@ -315,7 +243,7 @@ def run_batch(session: Any, jobs: Iterator[BatchPrompt], planner: Planner, *, st
             done += 1
             on_chunk = (lambda chunk, i=job.index: write_json_line(out, step_record(chunk, index=i))) if steps else None
             try:
-                settings = planner.plan(job.text, title=f"prompt {job.index} (id {job.id})")
+                settings = plan_prompt(planner, job.text, explain=explain, title=f"prompt {job.index} (id {job.id})")
                 stream, interrupted, _tail = generate(session, job.text, settings, guard, on_chunk)
             except PardecError as exc:
                 failed += 1
