@@ -23,6 +23,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("pardec_cli.cli.gen:gen", "Generate text from a prompt, streamed as tokens are accepted."),
     "chat": ("pardec_cli.cli.chat:chat", "Chat in a terminal UI and watch parallel decoding at work."),
+    "serve": ("pardec_cli.cli.serve:serve", "Serve a model over the OpenAI API (warm, parallel decoding per request)."),
     "bench": ("pardec_cli.cli.bench:bench", "Benchmark methods on a Spec-Bench-format prompt set."),
     "methods": ("pardec_cli.cli.methods:methods", "List decoding methods and their knobs."),
     "doctor": ("pardec_cli.cli.doctor:doctor", "Show hardware, versions, models, and what --method auto would pick."),
