@@ -70,11 +70,14 @@ from pardec_cli.prompt_files import parse_prompt_line
               "on one model load; one JSON line per result.")
 @click.option("--each-line", is_flag=True,
               help="Run every non-empty line of stdin as its own prompt; one JSON line per result.")
+@click.option("--server", default=None, metavar="URL",
+              help="Generate on a running `pardec serve` (e.g. http://127.0.0.1:8000) instead of loading the model "
+              "here; -m names the server's model (default: the one it runs). Its API key: PARDEC_SERVE_API_KEY.")
 def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
         method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
         system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
-        prompts_file: Path | None, each_line: bool) -> None:
+        prompts_file: Path | None, each_line: bool, server: str | None) -> None:
     """Generate a reply to PROMPT and stream it to stdout.
 
     The prompt is the arguments joined by spaces; text piped on stdin is appended after
@@ -97,11 +100,12 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
       pardec gen --json "Hi" | jq -r .stats.tokens_per_s
       pardec gen --prompts spec_bench.jsonl -n 64 > results.jsonl
       cut -f2 questions.tsv | pardec gen --each-line "Answer briefly:"
+      pardec gen --server http://127.0.0.1:8000 "Hi"   a warm `pardec serve` generates
 
     Exit codes: 0 done (also when -n ends the reply: finish_reason "length"),
     1 runtime error, 2 usage error, 130 interrupted.
     """
-    from pardec_cli.engine.sampling import SamplingParams
+    from pardec_cli.engine.sampling_params import SamplingParams
     from pardec_cli.session import Session
 
     if as_json and as_jsonl:
@@ -123,6 +127,20 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     )
     options = build_method_options(method, method_opts, draft_model, heads_dir)
     user_set = options_set_by_user(click.get_current_context(), PROFILE_SAMPLING_KEYS)
+    if server:
+        if batch or as_jsonl or explain:
+            raise PardecUsageError("--server runs one prompt with text or --json output",
+                                   hint="--prompts, --each-line, --jsonl and --explain need the model loaded here")
+        if draft_model and method == AUTO:
+            raise PardecUsageError("with --server, --draft-model needs --method draft")
+        from pardec_cli.cli.remote import run_remote
+
+        with reader_may_leave():
+            run_remote(server, text, model=model, mode="json" if as_json else "text", streaming=not no_stream,
+                       stats=stats, method=method, options=options, profile=profile, system=system, raw=raw,
+                       values={"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
+                       user_set=user_set, seed=seed, stop=stop)
+        return
     load_profiles_checked(profile)  # a bad profile file or -P value fails before the model loads
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))

@@ -216,6 +216,7 @@ class DecodingWorker:
         self._record(labels, stream.finish_reason or "", stats, elapsed)
         extension = {
             "method": plan.method, "knobs": session.proposer.knobs(), "profile": plan.profile,
+            "dtype": session.dtype, "device": session.device,
             "finish_reason": stream.finish_reason, "tokens_per_step": round(stats.mean_tokens_per_step, 4),
             "queued_s": round(started - job.enqueued_at, 5), "stats": stats.to_dict(),
         }
