@@ -181,10 +181,19 @@ class DecodingWorker:
             plan = plan_reply(request.plan_text, method=request.method, options=request.knobs,
                               profile=request.profile, settings=request.settings, user_set=request.user_set,
                               profiles=self.profiles, selector=self.selector)
-            session.set_method(plan.method, plan.knobs)
+            sampling = plan.settings.sampling
+            if sampling.seed is not None and not sampling.greedy:
+                # Methods that learn across replies (suffix, recycling) draft differently
+                # after each one; under sampling other drafts draw other random numbers.
+                # A fresh proposer makes a seed give the same text every time, as
+                # `pardec gen --seed` does. Greedy text never depends on the drafts.
+                proposer = session.build_proposer(plan.method, plan.knobs)
+            else:
+                session.set_method(plan.method, plan.knobs)
+                proposer = session.proposer
             prompt_ids = session.encode(request.prompt, raw=plan.settings.raw)
-            stream = session.stream(prompt_ids, max_new_tokens=plan.settings.max_tokens,
-                                    sampling=plan.settings.sampling, stop=plan.settings.stop)
+            stream = session.stream(prompt_ids, max_new_tokens=plan.settings.max_tokens, sampling=sampling,
+                                    stop=plan.settings.stop, proposer=proposer)
             chunks = iter(stream)
             first = next(chunks)  # the prefill: a prompt too long for the context fails here
         except PardecError as exc:
@@ -194,7 +203,7 @@ class DecodingWorker:
         self.metrics.running.inc()
         try:
             self.metrics.ttft.observe(perf_counter() - started)
-            job.post(Started(plan.method, session.proposer.knobs(), plan.profile))
+            job.post(Started(plan.method, proposer.knobs(), plan.profile))
             wants_text = request.stream
             if wants_text and first.text:
                 job.post(Delta(first.text))
@@ -215,7 +224,7 @@ class DecodingWorker:
         stats = stream.stats
         self._record(labels, stream.finish_reason or "", stats, elapsed)
         extension = {
-            "method": plan.method, "knobs": session.proposer.knobs(), "profile": plan.profile,
+            "method": plan.method, "knobs": proposer.knobs(), "profile": plan.profile,
             "dtype": session.dtype, "device": session.device,
             "finish_reason": stream.finish_reason, "tokens_per_step": round(stats.mean_tokens_per_step, 4),
             "queued_s": round(started - job.enqueued_at, 5), "stats": stats.to_dict(),
