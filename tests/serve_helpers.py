@@ -32,16 +32,18 @@ class Served:
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path | str | None, *, dtype: str = "float32", **config: Any) -> Iterator[Served]:
+def running_server(model_dir: Path | str | None, *, dtype: str = "float32", port: int = 0,
+                   **config: Any) -> Iterator[Served]:
     import uvicorn
 
     from pardec_cli.serve.app import ServeConfig, create_app
     from pardec_cli.session import Session
 
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))  # first: a port in use fails before the model loads
     session = Session.load(str(model_dir) if model_dir else None, dtype=dtype, device="cpu", offline=True)
     app = create_app(session, ServeConfig(**config))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=10))

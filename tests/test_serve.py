@@ -462,3 +462,33 @@ def test_sigterm_drains_a_running_reply_then_exits(tiny_cli_model, isolated_home
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- the README -----------------------------------------------------------------------
+
+
+def readme_snippet() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- serve-snippet:begin -->", 1)[1].split("<!-- serve-snippet:end -->", 1)[0]
+    return block.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.real_model
+def test_the_readme_client_snippet_works_as_written(embedded_pardec_home, monkeypatch):
+    """The README's snippet, unchanged, against `pardec serve` (the embedded model on port 8000)."""
+    monkeypatch.setenv("PARDEC_HOME", str(embedded_pardec_home))
+    try:
+        server = running_server(None, port=8000)
+        served = server.__enter__()
+    except OSError as exc:
+        pytest.skip(f"port 8000, which the README's snippet uses, is taken here: {exc}")
+    try:
+        done = subprocess.run([sys.executable, "-c", readme_snippet()], capture_output=True, text=True, timeout=300)
+    finally:
+        server.__exit__(None, None, None)
+    assert done.returncode == 0, done.stderr
+    assert served.model == "smollm2-135m"
+    reply, extension, streamed = done.stdout.partition("\n{'method': ")
+    assert reply.strip(), "the first reply is printed"
+    assert "'tokens_per_step'" in streamed.split("\n", 1)[0], "then usage.pardec"
+    assert streamed.split("\n", 1)[1].strip(), "then the streamed reply"
