@@ -74,6 +74,7 @@ def cli() -> None:
       cat notes.md | pardec gen "Summarise:"         stdin is appended to the prompt
       pardec tune --budget 20                        measure this machine; auto uses the results
       pardec doctor                                  hardware, models, and auto's picks
+      pardec serve                                   OpenAI-compatible server on 127.0.0.1:8000
       pardec bench --prompts spec_bench.jsonl --methods auto,vanilla,pld --baseline-hf
 
     Greedy output of every method equals plain decoding; sampling keeps the model's

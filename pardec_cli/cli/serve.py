@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from pardec_cli.cli.options import model_options
 from pardec_cli.cli.output import is_terminal, loading_status
 from pardec_cli.errors import PardecError, PardecUsageError
 
@@ -19,12 +20,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 @click.command()
-@click.option("-m", "--model", "model", default=None, metavar="MODEL",
-              help="Alias (smollm2-135m), Hub id or local directory. Default: the embedded SmolLM2-135M-Instruct.")
-@click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-              help="Weights and compute dtype (as for `pardec gen`).")
-@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]", help="Where to run.")
-@click.option("--offline", is_flag=True, default=None, help="Never contact the Hugging Face Hub.")
+@model_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but a loopback address exposes the model to the network: "
               "set --api-key then.")

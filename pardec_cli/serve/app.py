@@ -139,7 +139,7 @@ def create_app(session: Any, config: ServeConfig = ServeConfig(), *,
         finally:
             disconnected.cancel()
 
-    async def not_found(request: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
         message = f"no route {request.method} {request.url.path}" if status == 404 else \
             f"{request.method} is not allowed on {request.url.path}"
@@ -160,7 +160,7 @@ def create_app(session: Any, config: ServeConfig = ServeConfig(), *,
         Route("/metrics", endpoint(metrics_route), methods=["GET"]),
         Route("/health", endpoint(health), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.worker = worker
     app.state.metrics = metrics
     return app

@@ -76,7 +76,7 @@ class GenerationRequest:
     profile: str = AUTO
     stream: bool = False
     include_usage: bool = False
-    id: str = field(default_factory=lambda: "")
+    id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
 
