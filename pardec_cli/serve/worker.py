@@ -208,12 +208,17 @@ class DecodingWorker:
             if wants_text and first.text:
                 job.post(Delta(first.text))
             tokens_per_step = self.metrics.tokens_per_step.labels(*labels)
-            for chunk in chunks:
-                tokens_per_step.observe(len(chunk.event.tokens))
-                if wants_text and chunk.text:
-                    job.post(Delta(chunk.text))
-                if job.cancelled.is_set():
-                    break
+            try:
+                for chunk in chunks:
+                    tokens_per_step.observe(len(chunk.event.tokens))
+                    if wants_text and chunk.text:
+                        job.post(Delta(chunk.text))
+                    if job.cancelled.is_set():
+                        break
+            except PardecError as exc:  # a method that fails mid-reply: answered, and the server goes on
+                self.metrics.requests.labels(*labels, "error").inc()
+                job.post(Failed(ApiError.from_pardec(exc)))
+                return
             tail = stream.finish() if stream.finish_reason is None else ""
             if wants_text and tail:
                 job.post(Delta(tail))
