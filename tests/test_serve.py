@@ -434,23 +434,26 @@ def test_a_port_in_use_is_one_clear_error(served):
 
 
 def test_sigterm_drains_a_running_reply_then_exits(tiny_cli_model, isolated_home):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    """The real command, in its own process, with its API key from the environment."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PARDEC_SERVE_API_KEY": "k3y"}
     proc = subprocess.Popen([sys.executable, "-m", "pardec_cli", "serve", "-m", str(tiny_cli_model), "--port", "0",
                              "--dtype", "float32"], stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         line = proc.stderr.readline()
         assert " at http://127.0.0.1:" in line, line + proc.stderr.read()
         port = int(line.split("127.0.0.1:")[1].split("/")[0])
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        body = {"model": str(Path(tiny_cli_model).name), "max_tokens": 300, "stream": True,
+        served = Served(f"http://127.0.0.1:{port}", port, "", None)
+        key = {"Authorization": "Bearer k3y"}
+        assert raw_request(served, "GET", "/v1/models").status == 401
+        model = raw_request(served, "GET", "/v1/models", headers=key).json()["data"][0]["id"]
+        body = {"model": model, "max_tokens": 300, "stream": True,
                 "messages": [{"role": "user", "content": "Tell me a story."}]}
-        models = raw_request(Served(f"http://127.0.0.1:{port}", port, "", None), "GET", "/v1/models").json()
-        body["model"] = models["data"][0]["id"]
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json", **key})
         response = conn.getresponse()
         assert response.status == 200
-        first = response.readline()
-        assert first.startswith(b"data: ")
+        assert response.readline().startswith(b"data: ")
         proc.send_signal(signal.SIGTERM)
         rest = response.read().decode()
         assert rest.rstrip().endswith("data: [DONE]"), "the running reply was finished, not cut"
@@ -459,6 +462,8 @@ def test_sigterm_drains_a_running_reply_then_exits(tiny_cli_model, isolated_home
         proc.wait(timeout=60)
         assert proc.returncode in (0, -signal.SIGTERM)
         assert "Traceback" not in proc.stderr.read()
+        with pytest.raises(OSError):
+            raw_request(served, "GET", "/health", headers=key)
     finally:
         proc.kill()
         proc.wait()
