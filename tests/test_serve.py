@@ -202,7 +202,8 @@ def test_bad_parameters_are_a_400_naming_the_parameter(served, fields, param):
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted(served):
-    body = chat_body(served, presence_penalty=0, frequency_penalty=0.0, logprobs=False, user="me", n=1)
+    body = chat_body(served, presence_penalty=0, frequency_penalty=0.0, logprobs=False, user="me", n=1,
+                     response_format={"type": "text"})
     assert raw_request(served, "POST", "/v1/chat/completions", body).status == 200
 
 

@@ -31,7 +31,7 @@ CHAT_ROLES = {"system", "developer", "user", "assistant"}
 NEUTRAL = {
     "presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logprobs": (False, None),
     "top_logprobs": (0, None), "logit_bias": (None,), "tools": (None,), "tool_choice": (None, "none"),
-    "response_format": (None,), "echo": (False, None), "best_of": (1, None), "suffix": (None, ""),
+    "response_format": (None, {"type": "text"}), "echo": (False, None), "best_of": (1, None), "suffix": (None, ""),
     "parallel_tool_calls": (None, False, True),
 }
 IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "n"}
