@@ -45,7 +45,7 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
         Bench, format_auto_choices, format_tables, limit_per_category as limit, load_prompts, parse_methods, report_json,
         summarize,
     )
-    from pardec_cli.cli.gen import load_profiles_checked
+    from pardec_cli.planning import load_profiles_checked
     from pardec_cli.session import Session
 
     choices = parse_methods(methods_text)

@@ -92,7 +92,7 @@ def show(ctx: click.Context, command_name: str | None, as_json: bool) -> None:
     for key in unknown:
         click.echo(f"pardec: note: {key!r} in the config file is not an option of {name!r}", err=True)
     if name == "gen":
-        from pardec_cli.cli.gen import PROFILE_SAMPLING_KEYS
+        from pardec_cli.planning import PROFILE_SAMPLING_KEYS
 
         profiled = [r["option"] for r in rows if r["source"] == "default" and r["option"].lstrip("-").replace("-", "_")
                     in {*PROFILE_SAMPLING_KEYS, "temp"}]

@@ -46,6 +46,7 @@ from pardec_cli.cli.output import (
     write_json_line,
 )
 from pardec_cli.errors import PardecError, PardecUsageError
+from pardec_cli.planning import PROFILE_SAMPLING_KEYS, Planner, Settings, load_profiles_checked
 from pardec_cli.prompt_files import parse_prompt_line
 
 
@@ -72,11 +73,14 @@ from pardec_cli.prompt_files import parse_prompt_line
               "on one model load; one JSON line per result.")
 @click.option("--each-line", is_flag=True,
               help="Run every non-empty line of stdin as its own prompt; one JSON line per result.")
+@click.option("--server", default=None, metavar="URL",
+              help="Generate on a running `pardec serve` (e.g. http://127.0.0.1:8000) instead of loading the model "
+              "here; -m names the server's model (default: the one it runs). Its API key: PARDEC_SERVE_API_KEY.")
 def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
         method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
         system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
-        prompts_file: Path | None, each_line: bool, compile: str) -> None:
+        prompts_file: Path | None, each_line: bool, server: str | None, compile: str) -> None:
     """Generate a reply to PROMPT and stream it to stdout.
 
     The prompt is the arguments joined by spaces; text piped on stdin is appended after
@@ -99,11 +103,12 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
       pardec gen --json "Hi" | jq -r .stats.tokens_per_s
       pardec gen --prompts spec_bench.jsonl -n 64 > results.jsonl
       cut -f2 questions.tsv | pardec gen --each-line "Answer briefly:"
+      pardec gen --server http://127.0.0.1:8000 "Hi"   a warm `pardec serve` generates
 
     Exit codes: 0 done (also when -n ends the reply: finish_reason "length"),
     1 runtime error, 2 usage error, 130 interrupted.
     """
-    from pardec_cli.engine.sampling import SamplingParams
+    from pardec_cli.engine.sampling_params import SamplingParams
     from pardec_cli.session import Session
 
     if as_json and as_jsonl:
@@ -125,6 +130,20 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     )
     options = build_method_options(method, method_opts, draft_model, heads_dir)
     user_set = options_set_by_user(click.get_current_context(), PROFILE_SAMPLING_KEYS)
+    if server:
+        if batch or as_jsonl or explain:
+            raise PardecUsageError("--server runs one prompt with text or --json output",
+                                   hint="--prompts, --each-line, --jsonl and --explain need the model loaded here")
+        if draft_model and method == AUTO:
+            raise PardecUsageError("with --server, --draft-model needs --method draft")
+        from pardec_cli.cli.remote import run_remote
+
+        with reader_may_leave():
+            run_remote(server, text, model=model, mode="json" if as_json else "text", streaming=not no_stream,
+                       stats=stats, method=method, options=options, profile=profile, system=system, raw=raw,
+                       values={"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
+                       user_set=user_set, seed=seed, stop=stop)
+        return
     load_profiles_checked(profile)  # a bad profile file or -P value fails before the model loads
     with loading_status("loading model"):
         session = Session.load(
@@ -132,32 +151,16 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
             compile=compile, expected_tokens=max_tokens, notice=compile_notice,
         )
         planner = Planner(session, method=method, options=options, profile=profile, settings=settings,
-                          user_set=user_set, drafters=[draft_model] if draft_model and method == AUTO else [],
-                          explain=explain)
+                          user_set=user_set, drafters=[draft_model] if draft_model and method == AUTO else [])
         if not batch:
-            settings = planner.plan(text)
+            settings = plan_prompt(planner, text, explain=explain)
     with reader_may_leave():
         if batch:
-            run_batch(session, jobs, planner, steps=as_jsonl, stats=stats)
+            run_batch(session, jobs, planner, steps=as_jsonl, stats=stats, explain=explain)
         else:
             mode = "jsonl" if as_jsonl else "json" if as_json else "text"
             run_single(session, text, settings, mode=mode, streaming=not no_stream, stats=stats,
                        profile=planner.profile_used)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How to generate, for every prompt of a run."""
-
-    max_tokens: int
-    sampling: Any
-    stop: tuple[str, ...]
-    system: str | None
-    raw: bool
-
-
-# Options a profile's [sampling] table gives defaults for (parameter name -> profile key).
-PROFILE_SAMPLING_KEYS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
 
 
 def options_set_by_user(ctx: click.Context, names: Any) -> set[str]:
@@ -171,72 +174,14 @@ def options_set_by_user(ctx: click.Context, names: Any) -> set[str]:
     return {name for name in names if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
 
 
-def load_profiles_checked(profile: str) -> None:
-    """Read the profiles now (a broken file is one clear error) and check the -P value."""
-    from pardec_cli.profiles import get_profile, load_profiles
-
-    load_profiles()
-    if profile != AUTO:
-        get_profile(profile)
-
-
-class Planner:
-    """Per prompt: its profile (given, or detected), the settings (the profile's sampling
-    defaults for options the user left unset), and the method (given, or auto's choice),
-    which it makes the session's current method."""
-
-    def __init__(self, session: Any, *, method: str, options: dict[str, Any], profile: str, settings: Settings,
-                 user_set: set[str], drafters: list[str], explain: bool) -> None:
-        from pardec_cli.profiles import load_profiles
-
-        self.session = session
-        self.method, self.options, self.profile = method, options, profile
-        self.settings, self.user_set, self.explain = settings, user_set, explain
-        self.profiles = load_profiles()
-        self.selector = None
-        if method == AUTO:
-            from pardec_cli.select import AutoSelector
-
-            self.selector = AutoSelector.for_session(session, drafters=drafters)
-        else:
-            session.set_method(method, options)
-        self.profile_used: str | None = None
-
-    def plan(self, text: str, title: str | None = None) -> Settings:
-        """Settings for `text`; the session's method is set for it."""
-        from dataclasses import replace
-
-        from pardec_cli.tasks import detect_task
-
-        task = detect_task(text) if self.profile == AUTO else None
-        name = task.profile if task else self.profile
-        self.profile_used = name
-        defaults = {key: value for option, key in PROFILE_SAMPLING_KEYS.items()
-                    if option not in self.user_set and (value := self.profiles[name].sampling.get(key)) is not None}
-        settings = self.settings
-        if defaults:
-            sampling_keys = {k: v for k, v in defaults.items() if k != "max_tokens"}
-            settings = replace(
-                settings,
-                max_tokens=int(defaults.get("max_tokens", settings.max_tokens)),
-                sampling=replace(settings.sampling, **sampling_keys),
-            )
-        if self.selector is not None:
-            choice = self.selector.choose(text, name, greedy=settings.sampling.greedy)
-            choice = replace(choice, task=task)
-            self.session.set_method(choice.method, choice.knobs)
-            lines = choice.reasons()
-        else:
-            given = f"{name} (detected: {'; '.join(task.reasons)})" if task else f"{name} (given)"
-            lines = [f"method    {self.method} (given)", f"profile   {given}"]
-        if self.explain:
-            sampling = settings.sampling
-            mode = "greedy" if sampling.greedy else f"temperature {sampling.temperature:g}, top_p {sampling.top_p:g}, top_k {sampling.top_k}"
-            lines.append(f"sampling  {mode}, at most {settings.max_tokens} tokens")
-            header = [f"== {title}"] if title else []
-            for line in header + lines:
-                click.echo(line, err=True)
-        return settings
+def plan_prompt(planner: Planner, text: str, *, explain: bool, title: str | None = None) -> Settings:
+    """Plan `text` (the session's method is set for it); with --explain, say why on stderr."""
+    plan = planner.plan(text)
+    if explain:
+        header = [f"== {title}"] if title else []
+        for line in header + plan.explain_lines():
+            click.echo(line, err=True)
+    return plan.settings
 
 
 @dataclass(frozen=True)
@@ -308,7 +253,8 @@ def run_single(session: Any, text: str, settings: Settings, *, mode: str, stream
         raise KeyboardInterrupt
 
 
-def run_batch(session: Any, jobs: Iterator[BatchPrompt], planner: Planner, *, steps: bool, stats: bool) -> None:
+def run_batch(session: Any, jobs: Iterator[BatchPrompt], planner: Planner, *, steps: bool, stats: bool,
+              explain: bool = False) -> None:
     """Generate a reply per prompt on the loaded model; one JSON line per prompt on stdout.
 
     A prompt that fails (too long for the context, empty) gets a line with an "error"
@@ -321,7 +267,7 @@ def run_batch(session: Any, jobs: Iterator[BatchPrompt], planner: Planner, *, st
             done += 1
             on_chunk = (lambda chunk, i=job.index: write_json_line(out, step_record(chunk, index=i))) if steps else None
             try:
-                settings = planner.plan(job.text, title=f"prompt {job.index} (id {job.id})")
+                settings = plan_prompt(planner, job.text, explain=explain, title=f"prompt {job.index} (id {job.id})")
                 stream, interrupted, _tail = generate(session, job.text, settings, guard, on_chunk)
             except PardecError as exc:
                 failed += 1

@@ -23,6 +23,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("pardec_cli.cli.gen:gen", "Generate text from a prompt, streamed as tokens are accepted."),
     "chat": ("pardec_cli.cli.chat:chat", "Chat in a terminal UI and watch parallel decoding at work."),
+    "serve": ("pardec_cli.cli.serve:serve", "Serve a model over the OpenAI API (warm, parallel decoding per request)."),
     "bench": ("pardec_cli.cli.bench:bench", "Benchmark methods on a Spec-Bench-format prompt set."),
     "methods": ("pardec_cli.cli.methods:methods", "List decoding methods and their knobs."),
     "doctor": ("pardec_cli.cli.doctor:doctor", "Show hardware, versions, models, and what --method auto would pick."),
@@ -73,6 +74,7 @@ def cli() -> None:
       cat notes.md | pardec gen "Summarise:"         stdin is appended to the prompt
       pardec tune --budget 20                        measure this machine; auto uses the results
       pardec doctor                                  hardware, models, and auto's picks
+      pardec serve                                   OpenAI-compatible server on 127.0.0.1:8000
       pardec bench --prompts spec_bench.jsonl --methods auto,vanilla,pld --baseline-hf
 
     Greedy output of every method equals plain decoding; sampling keeps the model's

@@ -71,21 +71,27 @@ def write_json_line(out: IO[str], record: dict[str, Any]) -> None:
 
 def print_stats(session: Any, stream: Any, *, title: str | None = None) -> None:
     """The `--stats` block, on stderr."""
-    s = stream.stats
-    knobs = session.proposer.knobs()
+    where = f"{session.model_name} ({session.dtype}, {session.device}{', compiled step' if session.compiled else ''})"
+    for line in stats_lines(session.method_name, session.proposer.knobs(), where, stream.stats, stream.finish_reason,
+                            title=title):
+        click.echo(line, err=True)
+
+
+def stats_lines(method: str, knobs: dict[str, Any], where: str, s: Any, finish_reason: str | None, *,
+                title: str | None = None) -> list[str]:
+    """The lines of the `--stats` block for one generation (`s`: its GenerationStats)."""
     knob_text = " ".join(f"{k}={v}" for k, v in knobs.items())
     lines = [f"== {title}"] if title else []
     lines += [
-        f"method      {session.method_name} {knob_text}".rstrip(),
-        f"model       {session.model_name} ({session.dtype}, {session.device}{', compiled step' if session.compiled else ''})",
-        f"tokens      {s.prompt_tokens} prompt, {s.generated_tokens} generated ({stream.finish_reason})",
+        f"method      {method} {knob_text}".rstrip(),
+        f"model       {where}",
+        f"tokens      {s.prompt_tokens} prompt, {s.generated_tokens} generated ({finish_reason})",
         f"speed       {s.tokens_per_s:.1f} tok/s end to end, {s.decode_tokens_per_s:.1f} tok/s after the first token",
         f"first token {s.ttft_s * 1000:.0f} ms",
         f"steps       {s.steps}, {s.mean_tokens_per_step:.2f} tokens per step, "
         f"{s.acceptance_rate:.0%} of {s.drafted_tokens} drafted tokens accepted",
     ]
-    for line in lines:
-        click.echo(line, err=True)
+    return lines
 
 
 class InterruptGuard:

@@ -138,7 +138,7 @@ def reset_results(model: str | None) -> None:
 
 def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, profile: str, budget: float,
              prompts_file: Path | None, methods_text: str, max_tokens: int) -> None:
-    from pardec_cli.cli.gen import load_profiles_checked
+    from pardec_cli.planning import load_profiles_checked
     from pardec_cli.errors import PardecUsageError
     from pardec_cli.methods.registry import get_spec
     from pardec_cli.profiles import load_profiles
