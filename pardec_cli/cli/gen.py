@@ -30,6 +30,7 @@ import click
 from pardec_cli.cli.options import (
     AUTO,
     build_method_options,
+    engine_options,
     method_options,
     model_options,
     profile_option,
@@ -53,6 +54,7 @@ from pardec_cli.prompt_files import parse_prompt_line
 @method_options()
 @profile_option
 @sampling_options
+@engine_options
 @click.option("-s", "--system", default=None, help="System prompt (through the model's chat template).")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
 @click.option("--stats", is_flag=True, help="Print speed and acceptance statistics to stderr.")
@@ -72,7 +74,7 @@ from pardec_cli.prompt_files import parse_prompt_line
 def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
         method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
-        system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
+        engine: str, tensor_parallel: int | None, pipeline_parallel: int | None, system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
         prompts_file: Path | None, each_line: bool) -> None:
     """Generate a reply to PROMPT and stream it to stdout.
 
@@ -96,6 +98,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
       pardec gen --json "Hi" | jq -r .stats.tokens_per_s
       pardec gen --prompts spec_bench.jsonl -n 64 > results.jsonl
       cut -f2 questions.tsv | pardec gen --each-line "Answer briefly:"
+      pardec gen --engine vllm -m llama-3.1-70b --tensor-parallel 4 "Hi"   vLLM decodes, pardec chooses
 
     Exit codes: 0 done (also when -n ends the reply: finish_reason "length"),
     1 runtime error, 2 usage error, 130 interrupted.
@@ -109,6 +112,13 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     if prompts_file is not None and each_line:
         raise PardecUsageError("--prompts and --each-line cannot be combined")
     batch = prompts_file is not None or each_line
+    if engine == "vllm":
+        from pardec_cli.cli.vllm_gen import check_vllm_modes
+
+        check_vllm_modes(as_jsonl=as_jsonl, batch=batch)
+    elif tensor_parallel or pipeline_parallel:
+        raise PardecUsageError("--tensor-parallel and --pipeline-parallel are for --engine vllm",
+                               hint="pardec's own engine runs on one device")
     if batch:
         if "-" in prompt:
             raise PardecUsageError("'-' reads one prompt from stdin; it cannot be combined with --prompts or --each-line")
@@ -123,6 +133,16 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     options = build_method_options(method, method_opts, draft_model, heads_dir)
     user_set = options_set_by_user(click.get_current_context(), PROFILE_SAMPLING_KEYS)
     load_profiles_checked(profile)  # a bad profile file or -P value fails before the model loads
+    if engine == "vllm":
+        from pardec_cli.cli.vllm_gen import run_vllm_gen
+
+        profile_used, settings = planned_settings(text, profile, settings, user_set)
+        with reader_may_leave():
+            run_vllm_gen(text, model=model, dtype=dtype, offline=offline, method=method, options=options,
+                         profile=profile, profile_used=profile_used, settings=settings, tensor_parallel=tensor_parallel,
+                         pipeline_parallel=pipeline_parallel, mode="json" if as_json else "text",
+                         streaming=not no_stream, stats=stats, explain=explain)
+        return
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))
         planner = Planner(session, method=method, options=options, profile=profile, settings=settings,
@@ -205,16 +225,7 @@ class Planner:
         task = detect_task(text) if self.profile == AUTO else None
         name = task.profile if task else self.profile
         self.profile_used = name
-        defaults = {key: value for option, key in PROFILE_SAMPLING_KEYS.items()
-                    if option not in self.user_set and (value := self.profiles[name].sampling.get(key)) is not None}
-        settings = self.settings
-        if defaults:
-            sampling_keys = {k: v for k, v in defaults.items() if k != "max_tokens"}
-            settings = replace(
-                settings,
-                max_tokens=int(defaults.get("max_tokens", settings.max_tokens)),
-                sampling=replace(settings.sampling, **sampling_keys),
-            )
+        settings = profile_settings(self.settings, self.profiles[name], self.user_set)
         if self.selector is not None:
             choice = self.selector.choose(text, name, greedy=settings.sampling.greedy)
             choice = replace(choice, task=task)
@@ -231,6 +242,32 @@ class Planner:
             for line in header + lines:
                 click.echo(line, err=True)
         return settings
+
+
+def profile_settings(settings: Settings, profile: Any, user_set: set[str]) -> Settings:
+    """`settings` with the profile's sampling defaults for the options the user left unset."""
+    from dataclasses import replace
+
+    defaults = {key: value for option, key in PROFILE_SAMPLING_KEYS.items()
+                if option not in user_set and (value := profile.sampling.get(key)) is not None}
+    if not defaults:
+        return settings
+    sampling_keys = {k: v for k, v in defaults.items() if k != "max_tokens"}
+    return replace(
+        settings,
+        max_tokens=int(defaults.get("max_tokens", settings.max_tokens)),
+        sampling=replace(settings.sampling, **sampling_keys),
+    )
+
+
+def planned_settings(text: str, profile: str, settings: Settings, user_set: set[str]) -> tuple[str, Settings]:
+    """(profile used, settings) for `text` without a loaded model: the given profile, or the
+    one detected from the prompt, and its sampling defaults (as `Planner.plan` applies them)."""
+    from pardec_cli.profiles import load_profiles
+    from pardec_cli.tasks import detect_task
+
+    name = detect_task(text).profile if profile == AUTO else profile
+    return name, profile_settings(settings, load_profiles()[name], user_set)
 
 
 @dataclass(frozen=True)
