@@ -160,3 +160,24 @@ def test_auto_chooses_among_the_methods_vllm_runs(model_dir, profile):
     for lacking in ("layerskip", "recycling", "lookahead", "jacobi"):
         if lacking in skipped:
             assert f"{lacking}" in skipped and "vLLM cannot run it here" in skipped
+
+
+def test_the_serve_side_builds_vllm_serve_from_pardecs_choice(model_dir):
+    from pardec_cli.vllm_engine.plan import vllm_serve_command
+
+    command, plan = vllm_serve_command(str(model_dir), method="pld", options={"num_draft": "8"}, port=8080,
+                                       gpus=h100s(4), dtype="bfloat16")
+    assert command[:3] == ["vllm", "serve", str(model_dir.resolve())]
+    assert json.loads(command[command.index("--speculative-config") + 1])["num_speculative_tokens"] == 8
+    assert command[command.index("--tensor-parallel-size") + 1] == "4"
+    assert command[command.index("--served-model-name") + 1] == str(model_dir)
+    assert command[-4:] == ["--host", "127.0.0.1", "--port", "8080"]
+    assert plan.method == "pld"
+
+
+def test_auto_serves_with_the_choice_for_a_profile(model_dir):
+    from pardec_cli.vllm_engine.plan import vllm_serve_command
+    from pardec_cli.vllm_engine.translate import runs_on_vllm
+
+    command, plan = vllm_serve_command(str(model_dir), profile="code", gpus=h100s(8))
+    assert runs_on_vllm(plan.method) and command[1] == "serve"

@@ -40,20 +40,22 @@ def vllm_runs(
     from pardec_cli.vllm_engine.plan import plan_method, require_vllm
 
     require_vllm()
+    # engine keywords (as JSON) -> (plan, [(label, prompt, what auto chose)])
     groups: dict[str, tuple[Any, list[tuple[str, BenchPrompt, str | None]]]] = {}
     for choice in choices:
-        for prompt in prompts:
+        label = label_prefix + choice.label
+        # A named method plans alike for every prompt; auto chooses per prompt.
+        planned = prompts if choice.name == AUTO else prompts[:1]
+        for prompt in planned:
             plan = plan_method(
                 resolved, method=choice.name, options=choice.options, prompt=prompt.text, profile=profile,
                 dtype=dtype, offline=offline, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
             )
-            chosen = f"{plan.method}" if choice.name == AUTO else None
-            key = json.dumps(plan.args, sort_keys=True)
-            groups.setdefault(key, (plan, []))[1].append((label_prefix + choice.label, prompt, chosen))
-            if choice.name != AUTO:
-                # A named method plans the same for every prompt: one plan covers them all.
-                groups[key][1].extend((label_prefix + choice.label, p, None) for p in prompts[1:])
-                break
+            jobs = groups.setdefault(json.dumps(plan.args, sort_keys=True), (plan, []))[1]
+            if choice.name == AUTO:
+                jobs.append((label, prompt, plan.method))
+            else:
+                jobs += [(label, p, None) for p in prompts]
     runs: list[Run] = []
     total = sum(len(jobs) for _, jobs in groups.values())
     for plan, jobs in groups.values():

@@ -218,3 +218,21 @@ def plan_method(
         *(f"note      {note}" for note in translation.notes),
     ]
     return VllmPlan(resolved.name, resolved.path, name, knobs, translation, parallel, args, tuple(reasons))
+
+
+def vllm_serve_command(
+    model: str | None, *, method: str = AUTO, options: Mapping[str, Any] | None = None, profile: str = "chat",
+    host: str = "127.0.0.1", port: int = 8000, extra: tuple[str, ...] = (), **kwargs: Any,
+) -> tuple[list[str], VllmPlan]:
+    """The `vllm serve` command line for pardec's choice, and the plan behind it.
+
+    What `pardec serve --engine vllm` runs: the model and accelerators resolved from
+    pardec's store, the method given or auto's choice for `profile` (a server sees no
+    prompt before it starts, and vLLM fixes its speculative method at start), the parallel
+    layout from the GPUs found or `tensor_parallel`/`pipeline_parallel` (in `kwargs`,
+    with `dtype`, `offline`, `seed`, `gpus`, as `plan_method` takes them).
+    """
+    from pardec_cli.vllm_engine.launch import serve_command
+
+    plan = plan_vllm(model, method=method, options=dict(options or {}), profile=profile, **kwargs)
+    return serve_command(plan.args, host=host, port=port, extra=extra), plan

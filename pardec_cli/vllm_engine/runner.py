@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import count
+from itertools import count, zip_longest
 from time import perf_counter
 from typing import Any
 
@@ -46,11 +46,10 @@ class SpecCounters:
     per_position: tuple[int, ...] = ()
 
     def minus(self, earlier: SpecCounters) -> SpecCounters:
-        width = max(len(self.per_position), len(earlier.per_position))
-        mine = list(self.per_position) + [0] * (width - len(self.per_position))
-        theirs = list(earlier.per_position) + [0] * (width - len(earlier.per_position))
+        """The counts since `earlier` (one request's, when it ran alone)."""
+        per_position = tuple(a - b for a, b in zip_longest(self.per_position, earlier.per_position, fillvalue=0))
         return SpecCounters(self.drafts - earlier.drafts, self.draft_tokens - earlier.draft_tokens,
-                            self.accepted - earlier.accepted, tuple(a - b for a, b in zip(mine, theirs)))
+                            self.accepted - earlier.accepted, per_position)
 
 
 def read_counters(metrics: Sequence[Any]) -> SpecCounters:
@@ -62,9 +61,7 @@ def read_counters(metrics: Sequence[Any]) -> SpecCounters:
         if name in totals:
             totals[name] += int(metric.value)
         elif name == PER_POSITION:
-            values = list(metric.values)
-            per_position += [0] * (len(values) - len(per_position))
-            per_position = [a + int(b) for a, b in zip(per_position, values + [0] * (len(per_position) - len(values)))]
+            per_position = [a + int(b) for a, b in zip_longest(per_position, metric.values, fillvalue=0)]
     return SpecCounters(totals[DRAFTS], totals[DRAFT_TOKENS], totals[ACCEPTED], tuple(per_position))
 
 
