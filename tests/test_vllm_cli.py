@@ -160,3 +160,8 @@ def test_doctor_says_whether_vllm_is_installed_and_what_it_runs(monkeypatch):
     text = invoke(["doctor", "--device", "cpu"]).stdout
     assert "engines     pardec; vllm not installed (pip install 'pardec[vllm]')" in text
     assert "pld (as ngram)" in text
+
+
+def test_the_device_is_vllms_choice(fake_vllm):
+    result = invoke(["gen", "--engine", "vllm", "--device", "cpu", "Hi"])
+    assert result.exit_code == 2 and "--device is for pardec's engine" in result.stderr

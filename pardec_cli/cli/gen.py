@@ -74,7 +74,8 @@ from pardec_cli.prompt_files import parse_prompt_line
 def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
         method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
-        engine: str, tensor_parallel: int | None, pipeline_parallel: int | None, system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
+        engine: str, tensor_parallel: int | None, pipeline_parallel: int | None, system: str | None, raw: bool,
+        stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
         prompts_file: Path | None, each_line: bool) -> None:
     """Generate a reply to PROMPT and stream it to stdout.
 
@@ -115,7 +116,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     if engine == "vllm":
         from pardec_cli.cli.vllm_gen import check_vllm_modes
 
-        check_vllm_modes(as_jsonl=as_jsonl, batch=batch)
+        check_vllm_modes(as_jsonl=as_jsonl, batch=batch, device=device)
     elif tensor_parallel or pipeline_parallel:
         raise PardecUsageError("--tensor-parallel and --pipeline-parallel are for --engine vllm",
                                hint="pardec's own engine runs on one device")

@@ -16,8 +16,11 @@ from pardec_cli.cli.output import InterruptGuard, loading_status, write_json_lin
 from pardec_cli.errors import PardecUsageError
 
 
-def check_vllm_modes(*, as_jsonl: bool, batch: bool) -> None:
+def check_vllm_modes(*, as_jsonl: bool, batch: bool, device: str = "auto") -> None:
     """The modes `--engine vllm` does not have, as usage errors (before anything loads)."""
+    if device != "auto":
+        raise PardecUsageError("--device is for pardec's engine: vLLM runs where its build runs (CUDA or CPU)",
+                               hint="set the GPUs with CUDA_VISIBLE_DEVICES and --tensor-parallel / --pipeline-parallel")
     if as_jsonl:
         raise PardecUsageError("--jsonl streams pardec's decoding steps; vLLM does not report them per step",
                                hint="use --json (one record at the end) with --engine vllm")
