@@ -2,4 +2,7 @@
 
 from pardec_cli.cli.main import main
 
-main()
+# Guarded: vLLM (`--engine vllm`) starts its engine in a spawned process, which imports
+# this module again as `__mp_main__`; it must not run the CLI a second time.
+if __name__ == "__main__":
+    main()

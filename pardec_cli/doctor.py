@@ -59,6 +59,21 @@ def versions() -> dict[str, Any]:
         "torch_rocm": torch["rocm"],
         "transformers": package_version("transformers"),
         "textual": package_version("textual"),
+        "vllm": vllm_report()["version"],
+    }
+
+
+def vllm_report() -> dict[str, Any]:
+    """Whether vLLM is installed (without importing it), and which pardec methods it runs
+    (as which vLLM method) or not (and the closest it has)."""
+    from pardec_cli.vllm_engine.plan import INSTALL, vllm_version
+    from pardec_cli.vllm_engine.translate import TABLE, NotOnVllm
+
+    return {
+        "version": vllm_version(),
+        "install": INSTALL,
+        "runs": {name: r.method or "plain decoding" for name, r in TABLE.items() if not isinstance(r, NotOnVllm)},
+        "not": {name: {"why": r.why, "closest": r.closest} for name, r in TABLE.items() if isinstance(r, NotOnVllm)},
     }
 
 

@@ -81,15 +81,7 @@ def plan_reply(
 
     task = detect_task(text) if profile == AUTO else None
     name = task.profile if task else profile
-    defaults = {key: value for option, key in PROFILE_SAMPLING_KEYS.items()
-                if option not in user_set and (value := profiles[name].sampling.get(key)) is not None}
-    if defaults:
-        sampling_keys = {k: v for k, v in defaults.items() if k != "max_tokens"}
-        settings = replace(
-            settings,
-            max_tokens=int(defaults.get("max_tokens", settings.max_tokens)),
-            sampling=replace(settings.sampling, **sampling_keys),
-        )
+    settings = profile_settings(settings, profiles[name], user_set)
     if method == AUTO:
         if selector is None:
             raise ValueError("method auto needs a selector")
@@ -97,6 +89,30 @@ def plan_reply(
         return Plan(settings, choice.method, dict(choice.knobs), name, tuple(choice.reasons()))
     given = f"{name} (detected: {'; '.join(task.reasons)})" if task else f"{name} (given)"
     return Plan(settings, method, dict(options), name, (f"method    {method} (given)", f"profile   {given}"))
+
+
+def profile_settings(settings: Settings, profile: Any, user_set: Collection[str]) -> Settings:
+    """`settings` with the profile's sampling defaults for the options the user left unset."""
+    defaults = {key: value for option, key in PROFILE_SAMPLING_KEYS.items()
+                if option not in user_set and (value := profile.sampling.get(key)) is not None}
+    if not defaults:
+        return settings
+    sampling_keys = {k: v for k, v in defaults.items() if k != "max_tokens"}
+    return replace(
+        settings,
+        max_tokens=int(defaults.get("max_tokens", settings.max_tokens)),
+        sampling=replace(settings.sampling, **sampling_keys),
+    )
+
+
+def planned_settings(text: str, profile: str, settings: Settings, user_set: Collection[str]) -> tuple[str, Settings]:
+    """(profile used, settings) for `text` without a loaded model: the given profile, or the
+    one detected from the prompt, and its sampling defaults (as `plan_reply` applies them)."""
+    from pardec_cli.profiles import load_profiles
+    from pardec_cli.tasks import detect_task
+
+    name = detect_task(text).profile if profile == AUTO else profile
+    return name, profile_settings(settings, load_profiles()[name], user_set)
 
 
 class Planner:

@@ -146,13 +146,15 @@ def select(
     tuned: TunedProfile | None = None,
     curve: CostCurve | None = None,
     methods: Mapping[str, MethodSpec] | None = None,
+    missing: str = "not a method of this pardec version",
 ) -> Choice:
     """Choose a method for `profile` on `hardware` (pure: everything comes in as arguments).
 
     `curve` is the measured verification cost curve (None: estimated from `hardware` and
     `model`); `tuned` the measurements tune made for this profile on this machine, which
     replace the profile's priors for every method they cover; `methods` the method
-    registry (default: pardec's).
+    registry (default: pardec's), or the part of it an engine runs (`--engine vllm`),
+    with `missing` saying why the others are skipped.
     """
     if methods is None:
         from pardec_cli.methods.registry import METHODS
@@ -170,7 +172,7 @@ def select(
     if tuned is not None:
         measured_methods = {tc.method for tc in tuned.candidates}
         tc = tuned.best_candidate()
-        if tc is not None and tc.method != "vanilla" and unavailable_reason(tc.method, methods, accelerators) is None:
+        if tc is not None and tc.method != "vanilla" and unavailable_reason(tc.method, methods, accelerators, missing) is None:
             tokens = tc.tokens_per_step if greedy else sampled_tokens(tc.tokens_per_step)
             speedup = tc.speedup * tokens / tc.tokens_per_step
             estimates.append(Estimate(tc.method, dict(tc.knobs), speedup, tokens, tokens / speedup, "tuned"))
@@ -179,7 +181,7 @@ def select(
         label = candidate.label
         if candidate.method == "vanilla" or candidate.method in measured_methods:
             continue  # the baseline is always there; tune measured this method here
-        why = unavailable_reason(candidate.method, methods, accelerators)
+        why = unavailable_reason(candidate.method, methods, accelerators, missing)
         if why is not None:
             skipped.append((label, why))
             continue
@@ -205,13 +207,14 @@ def select(
 
 
 def unavailable_reason(
-    method: str, methods: Mapping[str, MethodSpec], accelerators: Sequence[InstalledAccelerator]
+    method: str, methods: Mapping[str, MethodSpec], accelerators: Sequence[InstalledAccelerator],
+    missing: str = "not a method of this pardec version",
 ) -> str | None:
     """Why `method` cannot run here (not registered, not combinable, accelerator missing), or None."""
     parts = method.split("+")
     for part in parts:
         if part not in methods:
-            return "not a method of this pardec version"
+            return missing
         if len(parts) > 1 and not methods[part].combinable:
             return f"{part!r} cannot be combined"
     kind = methods[parts[0]].accelerator if len(parts) == 1 else None
@@ -281,6 +284,8 @@ class AutoSelector:
         accelerators: Sequence[InstalledAccelerator] = (),
         tuned: TunedResults | None = None,
         notes: Sequence[str] = (),
+        methods: Mapping[str, MethodSpec] | None = None,
+        missing: str = "not a method of this pardec version",
     ) -> None:
         self.hardware = hardware
         self.model = model
@@ -288,6 +293,9 @@ class AutoSelector:
         self.accelerators = list(accelerators)
         self.tuned = tuned
         self.notes = tuple(notes)
+        # The methods auto may choose (None: every registered one), and why the others
+        # are skipped: `--engine vllm` passes the part of the registry vLLM runs.
+        self.methods, self.missing = methods, missing
 
     @classmethod
     def for_session(cls, session: Any, *, drafters: Sequence[str] = ()) -> AutoSelector:
@@ -336,6 +344,8 @@ class AutoSelector:
             accelerators=self.accelerators,
             tuned=tuned_profile,
             curve=self.tuned.curve if self.tuned else None,
+            methods=self.methods,
+            missing=self.missing,
         )
         return replace(choice, task=task, notes=self.notes)
 

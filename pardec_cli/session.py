@@ -23,12 +23,17 @@ COMPILE_MODES = ("auto", "on", "off")
 def use_compile_cache() -> None:
     """Keep torch.compile's on-disk caches (inductor's FX graphs, AOTAutograd) in pardec's
     store, unless the user pointed TORCHINDUCTOR_CACHE_DIR elsewhere: a later process
-    that compiles the same graphs then skips most of the work."""
+    that compiles the same graphs then skips most of the work. (torch writes its own
+    default into the variable the first time it looks, so that default counts as unset.)"""
     import os
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     from pardec_cli.home import compile_cache_dir
 
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
 
 
 @dataclass(frozen=True)
@@ -253,25 +258,8 @@ class Session:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def encode(self, prompt: str | Sequence[Mapping[str, str]], *, system: str | None = None, raw: bool = False) -> list[int]:
-        """Prompt text (or a list of chat messages) -> token ids.
-
-        Through the model's chat template unless `raw` or the model has none; a system
-        prompt is added as the first message.
-        """
-        if raw or not self.has_chat_template:
-            if not isinstance(prompt, str):
-                prompt = "\n\n".join(m["content"] for m in prompt)
-            text = f"{system}\n\n{prompt}" if system else prompt
-            ids = self.tokenizer(text).input_ids
-        else:
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            if system:
-                messages = [{"role": "system", "content": system}, *[m for m in messages if m["role"] != "system"]]
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        if not ids:
-            raise PardecUsageError("the prompt is empty")
-        return list(ids)
+        """Prompt text (or a list of chat messages) -> token ids (see `encode_prompt`)."""
+        return encode_prompt(self.tokenizer, prompt, system=system, raw=raw)
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -323,3 +311,28 @@ class Session:
             stream.text, stream.token_ids, stream.finish_reason or "", stream.stats, self.method_name,
             self.proposer.knobs(),
         )
+
+
+def encode_prompt(
+    tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], *, system: str | None = None, raw: bool = False,
+) -> list[int]:
+    """Prompt text (or a list of chat messages) -> token ids, as every engine gets them.
+
+    Through the model's chat template unless `raw` or the model has none; a system
+    prompt is added as the first message. (`--engine vllm` encodes with this too, so
+    both engines see the same ids.)
+    """
+    if raw or not getattr(tokenizer, "chat_template", None):
+        if not isinstance(prompt, str):
+            prompt = "\n\n".join(m["content"] for m in prompt)
+        text = f"{system}\n\n{prompt}" if system else prompt
+        ids = tokenizer(text).input_ids
+    else:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if system:
+            messages = [{"role": "system", "content": system}, *[m for m in messages if m["role"] != "system"]]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+    if not ids:
+        raise PardecUsageError("the prompt is empty")
+    return list(ids)

@@ -10,6 +10,7 @@ test run thanks to one shared model and inductor's on-disk cache).
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
@@ -305,3 +306,17 @@ def test_a_bad_compile_value_is_one_usage_error():
 
     result = invoke(["gen", "--compile", "sometimes", "hi"])
     assert result.exit_code == 2 and "'sometimes' is not one of" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_compile_cache_lives_in_the_store_unless_the_user_moved_it(monkeypatch, isolated_home, tmp_path):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from pardec_cli.session import use_compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what torch writes there itself
+    use_compile_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(isolated_home / "compiled")
+    mine = str(tmp_path / "my-inductor-cache")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", mine)
+    use_compile_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == mine

@@ -11,6 +11,7 @@ import click
 
 from pardec_cli.cli.options import compile_notice, compile_option, model_options, profile_option
 from pardec_cli.cli.output import loading_status
+from pardec_cli.errors import PardecUsageError
 
 
 @click.command()
@@ -23,12 +24,20 @@ from pardec_cli.cli.output import loading_status
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens per prompt.")
 @click.option("--baseline-hf", is_flag=True, help="Add Hugging Face generate() greedy (and its prompt lookup when pld is benchmarked).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the results as JSON to this file ('-' for stdout).")
+@click.option("--engine", "engines", type=click.Choice(["pardec", "vllm", "pardec,vllm"]), default="pardec",
+              show_default=True,
+              help="Who decodes: pardec's engine, vLLM (pip install 'pardec[vllm]'; one vLLM engine per method), "
+              "or both side by side (vLLM's rows labelled vllm:METHOD, run after pardec's).")
+@click.option("--tensor-parallel", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With vLLM: GPUs each layer is split across (default: the GPUs found).")
+@click.option("--pipeline-parallel", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With vLLM: pipeline stages (default: what the tensor split leaves).")
 @profile_option
 @model_options
 @compile_option
 def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int, baseline_hf: bool,
-          json_out: Path | None, profile: str, model: str | None, dtype: str, device: str, offline: bool | None,
-          compile: str) -> None:
+          json_out: Path | None, engines: str, tensor_parallel: int | None, pipeline_parallel: int | None,
+          profile: str, model: str | None, dtype: str, device: str, offline: bool | None, compile: str) -> None:
     """Benchmark decoding methods on a prompt set, side by side on one loaded model.
 
     Methods run interleaved prompt by prompt after a warm-up, so machine drift hits
@@ -36,13 +45,19 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     `vanilla` and over Hugging Face generate() (same model and dtype), mean tokens per
     decoding step, draft acceptance, and the share of outputs identical to `vanilla`'s.
 
+    With --engine vllm the methods run on vLLM instead (each translated to its
+    speculative_config; methods vLLM lacks are an error naming the closest it has), with
+    --engine pardec,vllm on both, in one table.
+
     \b
-    Example:
+    Examples:
       pardec bench --prompts ../shared/bench/spec_bench_dev.jsonl --limit-per-category 5 \\
           --methods 'vanilla,pld,layerskip[layer_list=0-9,20-29]' --baseline-hf --dtype bfloat16
+      pardec bench --prompts ../shared/bench/spec_bench_dev.jsonl --limit-per-category 2 \\
+          --methods vanilla,pld --engine pardec,vllm
     """
     from pardec_cli.bench import (
-        Bench, format_auto_choices, format_tables, limit_per_category as limit, load_prompts, parse_methods, report_json,
+        Bench, MethodChoice, format_auto_choices, format_tables, limit_per_category as limit, load_prompts, parse_methods, report_json,
         summarize,
     )
     from pardec_cli.planning import load_profiles_checked
@@ -51,18 +66,22 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     choices = parse_methods(methods_text)
     load_profiles_checked(profile)
     prompts = limit(load_prompts(prompts_path), limit_per_category)
-    with loading_status("loading model"):
-        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True,
-                               compile=compile, notice=compile_notice)
-    runner = Bench(session, choices, max_new_tokens=max_tokens, baseline_hf=baseline_hf, profile=profile)
-    click.echo(
-        f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
-        f"{session.model_name} {session.dtype} on {session.device} ({'compiled' if session.compiled else 'eager'} step), "
-        f"{max_tokens} new tokens",
-        err=True,
-    )
+    use_pardec, use_vllm = "pardec" in engines.split(","), "vllm" in engines.split(",")
+    if not use_vllm and (tensor_parallel or pipeline_parallel):
+        raise PardecUsageError("--tensor-parallel and --pipeline-parallel are for --engine vllm")
+    if baseline_hf and not use_pardec:
+        raise PardecUsageError("--baseline-hf runs next to pardec's engine", hint="use --engine pardec,vllm")
+    if use_vllm:
+        from pardec_cli.vllm_engine.plan import require_vllm
+        from pardec_cli.vllm_engine.translate import runs_on_vllm, unsupported_error
+
+        require_vllm()
+        for choice in choices:  # before any model loads
+            if choice.name != "auto" and not runs_on_vllm(choice.name):
+                raise unsupported_error(choice.name)
     started = perf_counter()
     tty = sys.stderr.isatty()
+    runs, labels, per_method = [], [], 1
 
     def progress(done: int, total: int, prompt) -> None:
         elapsed = perf_counter() - started
@@ -70,13 +89,41 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
         line = f"[{done}/{total}] {prompt.category} {prompt.prompt_id}  elapsed {elapsed:.0f}s  eta {eta:.0f}s"
         if tty:
             click.echo(f"\r\033[K{line}", err=True, nl=False)
-        elif done % len(runner.labels) == 0:
+        elif done % per_method == 0:
             click.echo(line, err=True)
 
-    runs = runner.run(prompts, progress)
+    if use_pardec:
+        with loading_status("loading model"):
+            session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True,
+                                   compile=compile, notice=compile_notice)
+        runner = Bench(session, choices, max_new_tokens=max_tokens, baseline_hf=baseline_hf, profile=profile)
+        labels, per_method = list(runner.labels), len(runner.labels)
+        step = "compiled" if session.compiled else "eager"
+        model_name, where = session.model_name, f"{session.dtype} on {session.device} ({step} step)"
+        click.echo(
+            f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
+            f"{session.model_name} {where}, {max_tokens} new tokens",
+            err=True,
+        )
+        runs += runner.run(prompts, progress)
+    if use_vllm:
+        from pardec_cli.store.resolve import resolve_model
+        from pardec_cli.vllm_engine.bench import vllm_runs
+
+        resolved = resolve_model(model, offline=offline, progress=True)
+        model_name = resolved.name
+        vchoices = choices if any(c.label == "vanilla" for c in choices) else [MethodChoice("vanilla", "vanilla"), *choices]
+        prefix = "vllm:" if use_pardec else ""
+        click.echo(f"pardec bench: {len(prompts)} prompts x {len(vchoices)} methods on vLLM "
+                   f"({', '.join(c.label for c in vchoices)}), {resolved.name}, {max_tokens} new tokens", err=True)
+        started, per_method = perf_counter(), 1
+        runs += vllm_runs(resolved, prompts, vchoices, max_new_tokens=max_tokens, profile=profile, dtype=dtype,
+                          offline=offline, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+                          label_prefix=prefix, progress=progress)
+        labels += [prefix + c.label for c in vchoices]
     if tty:
         click.echo("\r\033[K", err=True, nl=False)
-    table = summarize(runs, runner.labels)
+    table = summarize(runs, labels)
     # With `--json -` stdout holds only the JSON document; the tables go to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
     click.echo(format_tables(table), err=to_stderr)
@@ -86,8 +133,8 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     if json_out is not None:
         config = {
             "prompts": str(prompts_path), "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,
-            "model": session.model_name, "dtype": session.dtype, "device": session.device, "methods": runner.labels,
-            "profile": profile,
+            "model": model_name, "dtype": dtype if not use_pardec else session.dtype,
+            "device": where if use_pardec else "vllm", "methods": labels, "profile": profile, "engine": engines,
         }
         document = json.dumps(report_json(table, runs, config), indent=1)
         if str(json_out) == "-":

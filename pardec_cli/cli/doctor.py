@@ -42,6 +42,7 @@ def doctor(model: str | None, device: str, dtype: str, as_json: bool) -> None:
         "machine": machine,
         "models": report_lib.models(),
         "profiles": report_lib.profiles_report(),
+        "vllm": report_lib.vllm_report(),
         "model": report_lib.auto_report(model, hardware),
         "compiled": report_lib.compiled_runner_report(),
     }
@@ -88,6 +89,7 @@ def format_report(report: dict[str, Any]) -> list[str]:
     names = ", ".join(f"{n}{'' if len(p['sources']) == 1 and 'built-in' in p['sources'][0] else ' (yours)'}"
                       for n, p in profiles["profiles"].items())
     lines += ["", f"profiles    {names}   (your own: {profiles['user_dir']})"]
+    lines += _vllm_lines(report["vllm"])
     lines += _model_lines(report["model"])
     lines += _compiled_lines(report["compiled"])
     return lines
@@ -103,6 +105,16 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
         f"  cache         {compiled['cache_dir']} ({cache})",
         f"  auto          compiles for bench, tune and serve, and for gen/chat work of {breakeven}+ tokens on CPU",
     ]
+
+
+def _vllm_lines(vllm: dict[str, Any]) -> list[str]:
+    """Whether `--engine vllm` works here, and what it can run."""
+    state = f"vllm {vllm['version']} installed" if vllm["version"] else f"vllm not installed ({vllm['install']})"
+    runs = ", ".join(name if name == target else f"{name} (as {target})" for name, target in vllm["runs"].items())
+    lacks = ", ".join(f"{name} (closest: {v['closest']})" for name, v in vllm["not"].items())
+    return ["", f"engines     pardec; {state}",
+            f"  on vllm   {runs}",
+            f"  not       {lacks}"]
 
 
 def _model_lines(model: dict[str, Any]) -> list[str]:

@@ -32,6 +32,7 @@ from pardec_cli.cli.options import (
     build_method_options,
     compile_notice,
     compile_option,
+    engine_options,
     method_options,
     model_options,
     profile_option,
@@ -46,7 +47,7 @@ from pardec_cli.cli.output import (
     write_json_line,
 )
 from pardec_cli.errors import PardecError, PardecUsageError
-from pardec_cli.planning import PROFILE_SAMPLING_KEYS, Planner, Settings, load_profiles_checked
+from pardec_cli.planning import PROFILE_SAMPLING_KEYS, Planner, Settings, load_profiles_checked, planned_settings
 from pardec_cli.prompt_files import parse_prompt_line
 
 
@@ -57,6 +58,7 @@ from pardec_cli.prompt_files import parse_prompt_line
 @method_options()
 @profile_option
 @sampling_options
+@engine_options
 @click.option("-s", "--system", default=None, help="System prompt (through the model's chat template).")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
 @click.option("--stats", is_flag=True, help="Print speed and acceptance statistics to stderr.")
@@ -79,7 +81,8 @@ from pardec_cli.prompt_files import parse_prompt_line
 def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
         method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
-        system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
+        engine: str, tensor_parallel: int | None, pipeline_parallel: int | None, system: str | None, raw: bool,
+        stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
         prompts_file: Path | None, each_line: bool, server: str | None, compile: str) -> None:
     """Generate a reply to PROMPT and stream it to stdout.
 
@@ -104,6 +107,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
       pardec gen --prompts spec_bench.jsonl -n 64 > results.jsonl
       cut -f2 questions.tsv | pardec gen --each-line "Answer briefly:"
       pardec gen --server http://127.0.0.1:8000 "Hi"   a warm `pardec serve` generates
+      pardec gen --engine vllm -m llama-3.1-70b --tensor-parallel 4 "Hi"   vLLM decodes, pardec chooses
 
     Exit codes: 0 done (also when -n ends the reply: finish_reason "length"),
     1 runtime error, 2 usage error, 130 interrupted.
@@ -117,6 +121,13 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     if prompts_file is not None and each_line:
         raise PardecUsageError("--prompts and --each-line cannot be combined")
     batch = prompts_file is not None or each_line
+    if engine == "vllm":
+        from pardec_cli.cli.vllm_gen import check_vllm_modes
+
+        check_vllm_modes(as_jsonl=as_jsonl, batch=batch, device=device)
+    elif tensor_parallel or pipeline_parallel:
+        raise PardecUsageError("--tensor-parallel and --pipeline-parallel are for --engine vllm",
+                               hint="pardec's own engine runs on one device")
     if batch:
         if "-" in prompt:
             raise PardecUsageError("'-' reads one prompt from stdin; it cannot be combined with --prompts or --each-line")
@@ -131,6 +142,9 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     options = build_method_options(method, method_opts, draft_model, heads_dir)
     user_set = options_set_by_user(click.get_current_context(), PROFILE_SAMPLING_KEYS)
     if server:
+        if engine == "vllm":
+            raise PardecUsageError("--server and --engine vllm cannot be combined",
+                                   hint="the server decodes with the engine it was started with")
         if batch or as_jsonl or explain:
             raise PardecUsageError("--server runs one prompt with text or --json output",
                                    hint="--prompts, --each-line, --jsonl and --explain need the model loaded here")
@@ -145,6 +159,16 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
                        user_set=user_set, seed=seed, stop=stop)
         return
     load_profiles_checked(profile)  # a bad profile file or -P value fails before the model loads
+    if engine == "vllm":
+        from pardec_cli.cli.vllm_gen import run_vllm_gen
+
+        profile_used, settings = planned_settings(text, profile, settings, user_set)
+        with reader_may_leave():
+            run_vllm_gen(text, model=model, dtype=dtype, offline=offline, method=method, options=options,
+                         profile=profile, profile_used=profile_used, settings=settings, tensor_parallel=tensor_parallel,
+                         pipeline_parallel=pipeline_parallel, mode="json" if as_json else "text",
+                         streaming=not no_stream, stats=stats, explain=explain)
+        return
     with loading_status("loading model"):
         session = Session.load(
             model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),

@@ -126,6 +126,29 @@ def sampling_options(f: F) -> F:
     return f
 
 
+ENGINES = ("pardec", "vllm")
+
+
+def engine_options(f: F) -> F:
+    """--engine, --tensor-parallel, --pipeline-parallel."""
+    f = click.option(
+        "--pipeline-parallel", type=click.IntRange(min=1), default=None, metavar="N",
+        help="With --engine vllm: pipeline stages (layers split across GPUs or nodes). Default: what the "
+        "tensor split leaves of the GPUs found.",
+    )(f)
+    f = click.option(
+        "--tensor-parallel", type=click.IntRange(min=1), default=None, metavar="N",
+        help="With --engine vllm: GPUs each layer is split across. Default: the GPUs found (a divisor of "
+        "the model's attention heads). More than this machine has: a multi-node run over Ray.",
+    )(f)
+    f = click.option(
+        "--engine", type=click.Choice(ENGINES), default="pardec", show_default=True,
+        help="Who decodes: pardec's own engine, or vLLM (pip install 'pardec[vllm]') with pardec's choice of "
+        "method translated to its speculative_config, across GPUs and nodes.",
+    )(f)
+    return f
+
+
 HEAD_METHODS = ("medusa", "eagle", "eagle3")
 
 
