@@ -122,6 +122,16 @@ def run(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_OK
+    except OSError as exc:
+        # A filesystem failure no command turned into its own message (read-only or full
+        # disk, PARDEC_HOME that is a file): one line that names the file, not a traceback.
+        from pardec_cli.statefile import fs_error
+
+        error = fs_error(exc, "a file operation")
+        _say(f"pardec: error: {error.message}")
+        if error.hint:
+            _say(f"pardec: hint: {error.hint}")
+        return error.exit_code
     except SystemExit as exc:
         # Click turns a closed pipe (EPIPE) into sys.exit(1) after wrapping the streams;
         # the reader leaving early (`pardec list | head -1`) is not a failure.

@@ -166,6 +166,29 @@ def remove_snapshot_files(repo: str, commit: str, names: list[str] | tuple[str, 
     return freed
 
 
+def remove_stale_partials(repo: str, cache: Path | None = None) -> list[Path]:
+    """Remove partial downloads that a killed pull left in the repo's ``blobs/``; return them.
+
+    huggingface_hub downloads into ``<etag>.<random>.incomplete`` under the lock
+    ``.locks/<repo folder>/<etag>.lock``: a partial file whose lock is free belongs to no
+    running download (its random name means no later download resumes it either).
+    """
+    from filelock import FileLock, Timeout
+
+    root = repo_dir(repo, cache)
+    blobs = root / "blobs"
+    removed = []
+    for part in sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else ():
+        lock_file = root.parent / ".locks" / root.name / f"{part.name.split('.')[0]}.lock"
+        try:
+            with FileLock(str(lock_file), timeout=0):
+                part.unlink(missing_ok=True)
+                removed.append(part)
+        except (Timeout, OSError):
+            continue  # being downloaded right now (or the lock cannot be taken: leave it)
+    return removed
+
+
 def remove_repo(repo: str, cache: Path | None = None) -> int:
     """Remove a repo's whole cache folder (every revision); return the bytes freed.
 

@@ -239,6 +239,7 @@ def fetch_repo(
     client = hub.get_client()
     listing = hub.call(lambda: client.listing(repo, revision), repo, revision)
     cache = hub.cache_root()
+    hub.remove_stale_partials(repo, cache)  # what a killed pull left half-downloaded
     snap = hub.snapshot_dir(repo, listing.commit, cache)
     fetched = Fetched(RepoRecord(repo, listing.revision, listing.commit, str(cache.absolute())))
 

@@ -1,0 +1,406 @@
+"""The fault suite: pardec under faults and abuse, not only bad flags (issue 17).
+
+Every case ends in a correct result or one clear error line with the documented exit
+code; none in a traceback, a silently wrong result, a lost file or a file left behind.
+Cases are parametrized with ids that start with their category, so the matrix counts:
+
+    pytest tests/test_faults.py --collect-only -q | sed 's/.*\\[//; s/-.*//' | sort | uniq -c
+
+Categories:
+  hub        the fake Hub drops a connection, answers 500, serves a damaged or short file
+  disk       files damaged on disk after a pull: `list` says so, the next pull repairs them
+  rm         `rm` against crafted records and links: never deletes outside its folders
+  weights    weights that do not fit the config: a load error, not random tensors
+  kill       kill -9 and SIGTERM during import, pull and train-heads, then the next command
+  concurrent two writers of each state file at once: nothing lost, nothing torn
+  fs         read-only, full and misplaced PARDEC_HOME
+  corrupt    every state file broken in syntax and in shape, against the commands reading it
+  text       invalid UTF-8 and lone surrogates in every prompt path
+  number     nan, inf and out-of-range numbers in flags, profiles and knobs
+  misc       the small lies: --seed when greedy, a model removed while loading, time zones
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pardec_cli.home import models_dir, pardec_home
+from pardec_cli.store import gguf_import, hub, layout, records
+from tests.cli_helpers import CliResult, invoke
+from tests.fake_hub import FakeHub, fake_hub, tiny_repos  # noqa: F401 (fixtures)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TARGET = "test-org/tiny-target"
+TARGET_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json", "chat_template.jinja"]  # fmt: skip
+
+
+def assert_clean(result: CliResult, *codes: int) -> None:
+    """No traceback; an allowed exit code; a failure is one error line (plus a hint)."""
+    allowed = codes or (0, 1, 2)
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr
+    assert result.exit_code in allowed, (result.exit_code, result.stderr)
+    if result.exit_code not in (0,):
+        errors = [line for line in result.stderr.splitlines() if line.startswith("pardec: error:")]
+        assert len(errors) == 1, result.stderr
+        hints = [line for line in result.stderr.splitlines() if line.startswith("pardec: hint:")]
+        assert len(hints) <= 1, result.stderr
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Hidden scratch files and folders pardec may leave: staging, temporary, partial."""
+    if not folder.exists():
+        return []
+    return sorted(
+        str(p.relative_to(folder)) for p in folder.rglob("*")
+        if (".tmp-" in p.name or ".old-" in p.name or ".rm-" in p.name or p.name.endswith((".tmp", ".incomplete")))
+    )  # fmt: skip
+
+
+def snapshot(repo: str = TARGET) -> Path:
+    commit = hub.read_ref(repo, "main")
+    assert commit is not None, f"{repo} has no refs/main"
+    return hub.snapshot_dir(repo, commit)
+
+
+def pull(*extra: str) -> CliResult:
+    return invoke(["pull", "tiny", "--no-drafters", *extra])
+
+
+def served(fake: FakeHub, name: str, repo: str = TARGET) -> bytes:
+    return fake.repos[repo]["main"][1][name]
+
+
+# ======================================================================== hub
+
+HUB_FAULTS = ["drop", "error500-once", "error500-always", "corrupt-once", "corrupt-always", "short-once"]
+
+
+@pytest.mark.parametrize("name", TARGET_FILES)
+@pytest.mark.parametrize("fault", HUB_FAULTS)
+def test_hub(fake_hub: FakeHub, fault: str, name: str) -> None:
+    """A faulty download ends in a correct pull (after a retry if need be) or one clear
+    error with nothing registered; a second pull then completes with the Hub's bytes."""
+    size = len(served(fake_hub, name))
+    if fault == "drop":
+        fake_hub.drop_once[name] = size // 2
+    elif fault == "error500-once":
+        fake_hub.fail[name] = [500]
+    elif fault == "error500-always":
+        fake_hub.fail[name] = [500] * 50
+    elif fault == "corrupt-once":
+        fake_hub.corrupt[name] = 1
+    elif fault == "corrupt-always":
+        fake_hub.corrupt[name] = 50
+    elif fault == "short-once":
+        fake_hub.short[name] = 1
+    first = pull()
+    assert_clean(first, 0, 1)
+    if first.exit_code:
+        assert records.find("tiny") is None and hub.read_ref(TARGET, "main") is None  # nothing registered
+        assert fault in ("error500-once", "error500-always", "corrupt-always", "short-once"), first.stderr
+    if fault == "corrupt-always":
+        assert first.exit_code == 1 and "corrupt" in first.stderr
+    if fault == "corrupt-once":
+        assert first.exit_code == 0 and "damaged" in first.stderr  # detected and fetched again
+    fake_hub.fail.clear()
+    fake_hub.corrupt.clear()
+    fake_hub.short.clear()
+    second = pull()
+    assert_clean(second, 0)
+    for file in TARGET_FILES:
+        assert (snapshot() / file).read_bytes() == served(fake_hub, file), file
+    assert leftovers(hub.cache_root()) == []
+    assert records.find("tiny").target.present()
+
+
+# ======================================================================= disk
+
+DAMAGE = ["truncate", "flip", "delete"]
+
+
+@pytest.mark.parametrize("name", TARGET_FILES)
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_disk(fake_hub: FakeHub, damage: str, name: str) -> None:
+    """A pulled file damaged later: `list` does not call the model healthy, and the next
+    pull finds it, fetches it again and is whole (not "up to date")."""
+    assert pull().exit_code == 0
+    file = (snapshot() / name).resolve()  # the blob behind the snapshot link
+    data = file.read_bytes()
+    if damage == "truncate":
+        file.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        file.write_bytes(data[:-1] + bytes([data[-1] ^ 0x01]))
+    else:
+        (snapshot() / name).unlink()
+    listed = invoke(["list", "--json"])
+    assert_clean(listed, 0)
+    complete = json.loads(listed.stdout)[0]["complete"]
+    assert complete is (damage == "flip")  # a same-size change is only seen by the hash, on pull
+    again = pull()
+    assert_clean(again, 0)
+    assert "up to date" not in again.stderr
+    assert (snapshot() / name).read_bytes() == served(fake_hub, name)
+    assert json.loads(invoke(["list", "--json"]).stdout)[0]["complete"] is True
+
+
+# ========================================================================= rm
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "decoy" / "victim.txt"
+    victim.parent.mkdir(parents=True, exist_ok=True)
+    victim.write_text("precious")
+    return victim
+
+
+RM_ATTACKS = ["record-dotdot", "record-absolute", "link-to-outside", "link-dir-outside",
+              "blob-link-outside", "store-entry-link", "repo-folder-link"]  # fmt: skip
+
+
+@pytest.mark.parametrize("attack", RM_ATTACKS)
+def test_rm(fake_hub: FakeHub, tmp_path: Path, attack: str) -> None:
+    """`rm` removes only what lies in the folders it owns, whatever records and links say."""
+    victim = _victim(tmp_path)
+    assert pull().exit_code == 0
+    snap = snapshot()
+    record_file = records.records_dir() / "tiny.json"
+    data = json.loads(record_file.read_text())
+    if attack == "record-dotdot":
+        depth = len(snap.relative_to(tmp_path).parts)
+        data["target"]["files"]["/".join([".."] * depth) + "/decoy/victim.txt"] = 8
+        record_file.write_text(json.dumps(data))
+    elif attack == "record-absolute":
+        data["target"]["files"][str(victim)] = 8
+        record_file.write_text(json.dumps(data))
+    elif attack == "link-to-outside":
+        (snap / "tokenizer.json").unlink()
+        (snap / "tokenizer.json").symlink_to(victim)
+    elif attack == "link-dir-outside":
+        (snap / "sub").symlink_to(victim.parent, target_is_directory=True)
+        data["target"]["files"]["sub/victim.txt"] = 8
+        record_file.write_text(json.dumps(data))
+    elif attack == "blob-link-outside":
+        blob = (snap / "config.json").resolve()
+        blob.unlink()
+        blob.symlink_to(victim)
+    elif attack == "store-entry-link":
+        outside = tmp_path / "elsewhere" / "mine"
+        outside.mkdir(parents=True)
+        (outside / "config.json").write_text("{}")
+        (outside / "big.bin").write_bytes(b"x" * 5000)
+        (outside / layout.MARKER_NAME).write_text("{}")
+        models_dir().mkdir(parents=True, exist_ok=True)
+        (models_dir() / "mine").symlink_to(outside, target_is_directory=True)
+        result = invoke(["rm", "mine", "-y"])
+        assert_clean(result, 0)
+        assert "freed 0 B" in result.stdout and "only the link" in result.stderr
+        assert (outside / "big.bin").is_file() and not (models_dir() / "mine").exists()
+        return
+    elif attack == "repo-folder-link":
+        real = hub.repo_dir(TARGET)
+        moved = tmp_path / "moved-repo"
+        shutil.move(str(real), moved)
+        real.symlink_to(moved, target_is_directory=True)
+        (moved / "keep.txt").write_text("mine")
+        result = invoke(["rm", "tiny", "-y", "--hf-cache"])
+        assert_clean(result, 0, 1)
+        assert (moved / "keep.txt").is_file()
+        assert victim.read_text() == "precious"
+        return
+    result = invoke(["rm", "tiny", "-y"])
+    assert_clean(result, 0)
+    assert victim.read_text() == "precious"
+    if attack in ("record-dotdot", "record-absolute"):
+        # A record naming a path out of its folder is not a valid record: only it goes.
+        assert "broken pull record" in result.stderr
+    elif attack in ("link-to-outside", "link-dir-outside", "blob-link-outside"):
+        assert "warning:" in result.stderr and "outside" in result.stderr
+    assert records.find("tiny") is None and not record_file.exists()
+
+
+# ==================================================================== weights
+
+
+def _tiny_checkpoint(path: Path, tokenizer_dir: Path) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=136, max_position_embeddings=256, tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(path)
+    for file in tokenizer_dir.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(file, path / file.name)
+    return path
+
+
+WEIGHT_FAULTS = ["renamed-tensor", "dropped-tensor", "extra-tensor", "more-layers", "fewer-layers", "wrong-shape"]
+
+
+@pytest.mark.parametrize("fault", WEIGHT_FAULTS)
+def test_weights(fake_hub: FakeHub, tmp_path: Path, fault: str) -> None:
+    """Weights that do not fill the model exactly are a load error naming the tensors."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    assert pull().exit_code == 0
+    model = _tiny_checkpoint(tmp_path / "model", snapshot())
+    weights = model / "model.safetensors"
+    tensors = load_file(weights)
+    config = json.loads((model / "config.json").read_text())
+    key = "model.layers.0.self_attn.q_proj.weight"
+    if fault == "renamed-tensor":
+        tensors["model.layers.0.self_attn.qq_proj.weight"] = tensors.pop(key)
+    elif fault == "dropped-tensor":
+        del tensors[key]
+    elif fault == "extra-tensor":
+        tensors["model.layers.0.extra.weight"] = torch.zeros(2, 2)
+    elif fault == "more-layers":
+        config["num_hidden_layers"] = 3
+    elif fault == "fewer-layers":
+        config["num_hidden_layers"] = 1
+    elif fault == "wrong-shape":
+        tensors[key] = torch.zeros(16, 32)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    (model / "config.json").write_text(json.dumps(config))
+    result = invoke(["gen", "-m", str(model), "-n", "2", "--method", "vanilla", "hello"])
+    assert_clean(result, 1)
+    assert result.stdout == ""
+    if fault != "wrong-shape":
+        assert "do not match its config.json" in result.stderr
+
+
+# ======================================================================= kill
+
+_SLOW_IMPORT = """
+import sys, time
+from pathlib import Path
+from pardec_cli.store import gguf_import
+def slow(gguf_path, out_dir, **kwargs):
+    (out_dir / "config.json").write_text("{}")
+    (out_dir / "model.safetensors").write_bytes(b"x" * 100000)
+    print("STAGED", flush=True)
+    time.sleep(60)
+gguf_import._convert = slow
+from pardec_cli.cli.main import run
+sys.exit(run(sys.argv[1:]))
+"""
+
+_SLOW_HEADS = """
+import sys, time
+from pathlib import Path
+from pardec_cli.store.heads import replace_dir, trained_heads_dir
+def write(tmp):
+    (tmp / "config.json").write_text("{}")
+    (tmp / "heads.safetensors").write_bytes(b"x" * 100000)
+    print("STAGED", flush=True)
+    time.sleep(60)
+replace_dir(trained_heads_dir("tiny", "medusa"), write)
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+def _wait_for(predicate: Callable[[], bool], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _kill_after_staged(code: str, args: list[str], sig: int) -> tuple[int, str]:
+    process = subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO_ROOT, env=_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert "STAGED" in line, process.stderr.read() if process.stderr else ""
+        process.send_signal(sig)
+        _out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, err
+
+
+def _write_gguf(path: Path) -> Path:
+    def string(s: str) -> bytes:
+        return struct.pack("<Q", len(s.encode())) + s.encode()
+
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + string("general.architecture") + struct.pack("<I", 8) + string("llama")
+    path.write_bytes(body)
+    return path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
+def test_kill_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
+    """An import killed mid-conversion leaves no model; SIGTERM cleans its staging folder
+    at once, and after kill -9 the next command removes the stale one."""
+    gguf = _write_gguf(tmp_path / "m.gguf")
+    code, err = _kill_after_staged(_SLOW_IMPORT, ["import", str(gguf), "--name", "mine"], sig)
+    assert "Traceback" not in err
+    if sig == signal.SIGTERM:
+        assert code == 143 and leftovers(models_dir()) == []
+    else:
+        assert code == -9 and leftovers(models_dir()) != []  # what kill -9 leaves...
+    assert_clean(invoke(["list"]), 0)
+    assert leftovers(models_dir()) == [] and not (models_dir() / "mine").exists()  # ...the next command removes
+    monkeypatch.setattr(gguf_import, "_convert", lambda g, out, **k: (out / "config.json").write_text("{}"))
+    assert_clean(invoke(["import", str(gguf), "--name", "mine"]), 0)
+    assert layout.installed_models() == ["mine"] and leftovers(models_dir()) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
+def test_kill_train_heads(sig: int) -> None:
+    """Heads killed while being written: none are half-installed, nothing is left behind."""
+    from pardec_cli.store.heads import heads_root, trained_heads_dir
+
+    code, err = _kill_after_staged(_SLOW_HEADS, [], sig)
+    assert "Traceback" not in err
+    assert code == (143 if sig == signal.SIGTERM else -9)
+    assert not trained_heads_dir("tiny", "medusa").exists()
+    assert_clean(invoke(["list"]), 0)
+    from pardec_cli.store.heads import replace_dir
+
+    replace_dir(trained_heads_dir("tiny", "medusa"), lambda tmp: (tmp / "config.json").write_text("{}"))
+    assert leftovers(heads_root()) == [] and (trained_heads_dir("tiny", "medusa") / "config.json").is_file()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
+def test_kill_pull(fake_hub: FakeHub, sig: int) -> None:
+    """A pull killed mid-file registers nothing; the next pull completes and checks out."""
+    fake_hub.stall["model.safetensors"] = 2000
+    process = subprocess.Popen([sys.executable, "-m", "pardec_cli", "pull", "tiny", "--no-drafters"],
+                               cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert fake_hub.stalled.wait(120), "the pull never reached the weights"
+        process.send_signal(sig)
+        _out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "Traceback" not in err
+    assert records.find("tiny") is None and hub.read_ref(TARGET, "main") is None
+    fake_hub.stall.clear()
+    fake_hub.release.set()
+    result = pull()
+    assert_clean(result, 0)
+    assert (snapshot() / "model.safetensors").read_bytes() == served(fake_hub, "model.safetensors")
+    assert leftovers(hub.cache_root()) == []
