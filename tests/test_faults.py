@@ -404,3 +404,197 @@ def test_kill_pull(fake_hub: FakeHub, sig: int) -> None:
     assert_clean(result, 0)
     assert (snapshot() / "model.safetensors").read_bytes() == served(fake_hub, "model.safetensors")
     assert leftovers(hub.cache_root()) == []
+
+
+# ================================================================= concurrent
+
+
+def _in_processes(work: Callable[[int], None], writers: int = 3) -> None:
+    """Run `work(i)` in `writers` forked processes at once; each must exit 0."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(writers)
+
+    def body(i: int) -> None:
+        start.wait(30)
+        work(i)
+
+    processes = [context.Process(target=body, args=(i,)) for i in range(writers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    assert [p.exitcode for p in processes] == [0] * writers
+
+
+def _results(profile: str, value: float) -> object:
+    from pardec_cli.tuning.results import TunedCandidate, TunedProfile, TunedResults
+
+    candidate = TunedCandidate("pld", {}, value, 1.0, 0.1, 10.0 * value, value, 3, 3)
+    return TunedResults("tiny", "sha256:abc", "cpu", "float32",
+                        profiles={profile: TunedProfile(profile, [candidate], best="pld", complete=True)})  # fmt: skip
+
+
+def _record(name: str) -> records.PullRecord:
+    rec = records.RepoRecord(TARGET, "main", "a" * 40, str(hub.cache_root()), {"config.json": 10})
+    return records.PullRecord(name, rec)
+
+
+CONCURRENT = ["usage-touch", "usage-touch-forget", "records-distinct", "records-same", "tuned-profiles",
+              "tuned-same-profile", "store-import", "heads-dir", "hf-ref"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CONCURRENT)
+def test_concurrent(case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two or more writers of one state file at once: every writer's part survives, and
+    the file is whole and valid (written atomically under a lock)."""
+    from pardec_cli.tuning.results import all_results, broken_results, write_results
+
+    rounds = 15
+    if case == "usage-touch":
+        _in_processes(lambda i: [records.touch(f"model-{i}-{n}") for n in range(rounds)])
+        assert len(records.usage()) == 3 * rounds
+    elif case == "usage-touch-forget":
+        for n in range(rounds):
+            records.touch(f"old-{n}")
+        _in_processes(lambda i: [records.touch(f"new-{n}") if i else records.forget(f"old-{n}") for n in range(rounds)], 2)
+        assert sorted(records.usage()) == sorted(f"new-{n}" for n in range(rounds))
+    elif case == "records-distinct":
+        _in_processes(lambda i: [records.save(_record(f"m{i}-{n}")) for n in range(5)])
+        assert len(records.all_records()) == 15 and records.broken_records() == []
+    elif case == "records-same":
+        _in_processes(lambda i: [records.save(_record("same")) for _ in range(rounds)])
+        assert [r.name for r in records.all_records()] == ["same"] and records.broken_records() == []
+    elif case == "tuned-profiles":
+        _in_processes(lambda i: [write_results(_results(f"p{i}", 1.0 + n)) for n in range(rounds)])
+        (results,) = all_results()
+        assert sorted(results.profiles) == ["p0", "p1", "p2"]
+    elif case == "tuned-same-profile":
+        _in_processes(lambda i: [write_results(_results("code", 1.0 + i)) for _ in range(rounds)])
+        (results,) = all_results()
+        assert list(results.profiles) == ["code"] and broken_results() == []
+    elif case == "store-import":
+        monkeypatch.setattr(gguf_import, "_convert", lambda g, out, **k: (out / "config.json").write_text("{}"))
+        gguf = _write_gguf(tmp_path / "m.gguf")
+        _in_processes(lambda i: gguf_import.import_gguf(gguf, "mine", overwrite=True))
+        assert layout.installed_models() == ["mine"]
+    elif case == "heads-dir":
+        from pardec_cli.store.heads import heads_root, replace_dir, trained_heads_dir
+
+        folder = trained_heads_dir("tiny", "eagle")
+
+        def write(i: int) -> None:
+            for n in range(5):
+                replace_dir(folder, lambda tmp: (tmp / "config.json").write_text(json.dumps({"writer": i, "n": n})))
+
+        _in_processes(write)
+        assert json.loads((folder / "config.json").read_text())["n"] == 4
+        assert leftovers(heads_root()) == []
+    elif case == "hf-ref":
+        _in_processes(lambda i: [hub.write_ref(TARGET, "main", f"{i}" * 40) for _ in range(rounds)])
+        assert hub.read_ref(TARGET, "main") in {f"{i}" * 40 for i in range(3)}
+    assert leftovers(pardec_home()) == [] and leftovers(hub.cache_root()) == []
+    assert not list(pardec_home().rglob(".*.tmp")) if pardec_home().exists() else True
+
+
+# ========================================================================= fs
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Mount small tmpfs folders (needs root and mount: skipped otherwise)."""
+    mounted: list[Path] = []
+
+    def mount(name: str, size: str = "256k", read_only: bool = False) -> Path:
+        folder = tmp_path / name
+        folder.mkdir(parents=True, exist_ok=True)
+        options = f"size={size}" + (",ro" if read_only else "")
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in reversed(mounted):
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def _big_convert(gguf_path: Path, out_dir: Path, **kwargs: object) -> None:
+    (out_dir / "config.json").write_text("{}")
+    (out_dir / "model.safetensors").write_bytes(b"x" * (2 << 20))  # more than the tmpfs holds
+
+
+def _small_convert(gguf_path: Path, out_dir: Path, **kwargs: object) -> None:
+    (out_dir / "config.json").write_text("{}")
+
+
+FS_PLACES = ["readonly-home", "full-home", "home-is-a-file", "readonly-hf-cache", "full-hf-cache"]
+FS_COMMANDS = ["import", "pull", "list", "gen-dir", "first-run-conversion", "tune-reset", "rm"]
+
+
+@pytest.mark.parametrize("command", FS_COMMANDS)
+@pytest.mark.parametrize("place", FS_PLACES)
+def test_fs(place: str, command: str, fake_hub: FakeHub, tmpfs: Callable[..., Path], tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch, tiny_cli_model: Path) -> None:  # fmt: skip
+    """Where pardec writes is read-only, full, or a file: one clear line (or success when
+    the command needs no writing), and nothing half-written is registered."""
+    from pardec_cli.store import embedded
+
+    gguf = _write_gguf(tmp_path / "m.gguf")
+    monkeypatch.setattr(gguf_import, "_convert", _big_convert if place.startswith("full") else _small_convert)
+    if place == "readonly-home":
+        monkeypatch.setenv("PARDEC_HOME", str(tmpfs("home", read_only=True)))
+    elif place == "full-home":
+        home = tmpfs("home")
+        try:  # fill it up: every later write fails
+            with open(home / "filler", "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+        except OSError:
+            pass
+        monkeypatch.setenv("PARDEC_HOME", str(home))
+    elif place == "home-is-a-file":
+        (tmp_path / "home-file").write_text("not a folder")
+        monkeypatch.setenv("PARDEC_HOME", str(tmp_path / "home-file"))
+    elif place == "readonly-hf-cache":
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmpfs("hf", read_only=True)))
+    elif place == "full-hf-cache":
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmpfs("hf", size="64k")))
+        monkeypatch.setattr(hub, "free_bytes", lambda path: 1 << 40)  # the pre-check is fooled: the write fails
+    if command == "import":
+        result = invoke(["import", str(gguf), "--name", "mine"])
+    elif command == "pull":
+        result = pull()
+    elif command == "list":
+        result = invoke(["list"])
+    elif command == "gen-dir":
+        result = invoke(["gen", "-m", str(tiny_cli_model), "-n", "2", "--method", "vanilla", "hi"])
+    elif command == "first-run-conversion":
+        monkeypatch.setattr(embedded, "find_embedded_gguf", lambda: gguf)
+        result = invoke(["gen", "-n", "2", "--method", "vanilla", "hi"])
+    elif command == "tune-reset":
+        result = invoke(["tune", "--reset", "-m", str(tiny_cli_model)])
+    else:
+        result = invoke(["rm", "tiny", "-y"])
+    assert_clean(result)
+    home_writes = command in ("import", "first-run-conversion") or (command == "pull" and "home" in place)
+    cache_writes = command == "pull" and "hf-cache" in place
+    if home_writes and place in ("readonly-home", "full-home", "home-is-a-file"):
+        assert result.exit_code == 1 and "Traceback" not in result.stderr
+    if cache_writes:
+        assert result.exit_code == 1
+        assert records.find("tiny") is None and hub.read_ref(TARGET, "main") is None
+    if command in ("list", "gen-dir", "tune-reset") and place != "home-is-a-file":
+        assert result.exit_code == 0, result.stderr  # reading commands work, writing nothing vital
+    home = Path(os.environ["PARDEC_HOME"])
+    if home.is_dir():
+        assert leftovers(home) == [] and set(layout.installed_models()) <= {"mine", "smollm2-135m"}
+        if home_writes and result.exit_code and "home" in place:
+            assert layout.installed_models() == [] and records.find("tiny") is None
+        for name in layout.installed_models():
+            assert layout.damaged_files(home / "models" / name) == []
