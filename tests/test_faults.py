@@ -52,7 +52,7 @@ def assert_clean(result: CliResult, *codes: int) -> None:
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr
     assert result.exit_code in allowed, (result.exit_code, result.stderr)
     if result.exit_code not in (0,):
-        errors = [line for line in result.stderr.splitlines() if line.startswith("pardec: error:")]
+        errors = [line for line in result.stderr.splitlines() if line.startswith(("pardec: error:", "Error:"))]
         assert len(errors) == 1, result.stderr
         hints = [line for line in result.stderr.splitlines() if line.startswith("pardec: hint:")]
         assert len(hints) <= 1, result.stderr
@@ -598,3 +598,133 @@ def test_fs(place: str, command: str, fake_hub: FakeHub, tmpfs: Callable[..., Pa
             assert layout.installed_models() == [] and records.find("tiny") is None
         for name in layout.installed_models():
             assert layout.damaged_files(home / "models" / name) == []
+
+
+# ==================================================================== corrupt
+
+
+def _populate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Path]:
+    """A home with one of each state file: a pulled model, an imported one, usage, tuned
+    results, a user profile, trained heads' marker, config and catalog."""
+    from pardec_cli.config import config_path
+    from pardec_cli.profiles import user_profiles_dir
+    from pardec_cli.store.heads import model_key, trained_heads_dir
+    from pardec_cli.tuning.results import write_results
+
+    assert pull().exit_code == 0
+    monkeypatch.setattr(gguf_import, "_convert", _small_convert)
+    gguf_import.import_gguf(_write_gguf(tmp_path / "m.gguf"), "mine")
+    records.touch("tiny")
+    results = _results("code", 2.0)
+    results.model = "tiny"
+    tuned = write_results(results)
+    profile = user_profiles_dir() / "code.toml"
+    profile.parent.mkdir(parents=True, exist_ok=True)
+    profile.write_text("[sampling]\ntemperature = 0.0\n")
+    heads = trained_heads_dir(model_key("tiny"), "medusa")
+    heads.mkdir(parents=True)
+    (heads / "config.json").write_text("{}")
+    (heads / "pardec-heads.json").write_text(json.dumps({"steps": 3, "eval": {"top1_per_head": [0.5]}}))
+    config_path().write_text("[gen]\nmax_tokens = 4\n")
+    return {
+        "record": records.records_dir() / "tiny.json", "usage": pardec_home() / "usage.json", "tuned": tuned,
+        "config": config_path(), "profile": profile, "marker": models_dir() / "mine" / layout.MARKER_NAME,
+        "heads": heads / "pardec-heads.json", "catalog": config_path().parent / "catalog.toml",
+        "ref": hub.repo_dir(TARGET) / "refs" / "main",
+    }  # fmt: skip
+
+
+_SYNTAX = {"garbage": b"\x00\xff{[not it", "truncated": b'{"format": 1, "na', "empty": b"", "bad-utf8": b'{"a": "\xff\xfe"}'}
+CORRUPTIONS: dict[str, tuple[str, bytes | str]] = {
+    **{f"record-{k}": ("record", v) for k, v in _SYNTAX.items()},
+    "record-list": ("record", "[1, 2]"),
+    "record-files-list": ("record", "SHAPE:target.files=[1]"),
+    "record-size-string": ("record", 'SHAPE:target.files={"config.json": "big"}'),
+    "record-commit": ("record", 'SHAPE:target.commit="../../x"'),
+    "record-repo": ("record", 'SHAPE:target.repo="../../../etc"'),
+    "record-no-target": ("record", "SHAPE:target=null"),
+    "record-accelerators": ("record", 'SHAPE:accelerators={"a": 1}'),
+    **{f"usage-{k}": ("usage", v) for k, v in _SYNTAX.items()},
+    "usage-list": ("usage", "[1]"),
+    "usage-values": ("usage", '{"tiny": 5, "x": null}'),
+    "tuned-garbage": ("tuned", b"\x00\xff[[["),
+    "tuned-profiles-list": ("tuned", 'format = 1\nmodel = "tiny"\nfingerprint = "f"\ndevice = "cpu"\ndtype = "float32"\nprofiles = [1]\n'),
+    "tuned-candidate-types": ("tuned", 'format = 1\nmodel = "tiny"\nfingerprint = "f"\ndevice = "cpu"\ndtype = "float32"\n'
+                              '[[profiles.code.candidates]]\nmethod = 3\nspeedup = "fast"\n'),
+    "tuned-nan": ("tuned", 'format = 1\nmodel = "tiny"\nfingerprint = "f"\ndevice = "cpu"\ndtype = "float32"\n'
+                  '[[profiles.code.candidates]]\nmethod = "pld"\ntokens_per_step = nan\ndrafted = 1.0\ndraft_ms = 1.0\n'
+                  'tokens_per_s = inf\nspeedup = 1.0\nprompts = 1\nmatched = 1\n'),
+    "tuned-runs": ("tuned", 'format = 1\nmodel = "tiny"\nfingerprint = "f"\ndevice = "cpu"\ndtype = "float32"\n[runs]\ncode = [[1]]\n'),
+    "tuned-curve": ("tuned", 'format = 1\nmodel = "tiny"\nfingerprint = "f"\ndevice = "cpu"\ndtype = "float32"\n[curve]\nsource = "x"\nms = { a = "b" }\n'),
+    "tuned-missing-keys": ("tuned", "format = 1\n"),
+    "config-garbage": ("config", b"[gen\nmax_tokens = = 4"),
+    "config-type": ("config", '[gen]\nmax_tokens = "many"\n'),
+    "config-list": ("config", "[gen]\ntemperature = [1, 2]\n"),
+    "config-nan": ("config", "[gen]\ntemperature = nan\n"),
+    "config-inf": ("config", "top_p = inf\n"),
+    "config-bad-number": ("config", "[gen]\ntop_p = 7.5\n"),
+    "config-table": ("config", "[gen]\nmethod = { a = 1 }\n"),
+    "config-unknown-table": ("config", "[nope]\nx = 1\n"),
+    "profile-garbage": ("profile", b"[sampling\n"),
+    "profile-sampling-number": ("profile", "sampling = 5\n"),
+    "profile-nan": ("profile", "[sampling]\ntemperature = nan\n"),
+    "profile-inf": ("profile", "[sampling]\ntop_p = inf\n"),
+    "profile-candidates": ("profile", '[candidates]\ncpu = "pld"\n'),
+    "profile-candidate-nan": ("profile", '[[candidates.cpu]]\nmethod = "pld"\ntokens_per_step = nan\n'),
+    "marker-garbage": ("marker", b"\x00{"),
+    "marker-list": ("marker", "[]"),
+    "marker-files": ("marker", '{"format": 1, "files": {"config.json": "x", "../../x": 1}}'),
+    "heads-garbage": ("heads", b"{{{"),
+    "heads-eval": ("heads", '{"steps": "x", "eval": {"top1_per_head": ["a", null]}}'),
+    "heads-eval-nan": ("heads", '{"eval": {"top1_per_depth": [NaN, Infinity]}}'),
+    "catalog-garbage": ("catalog", b"[models.tiny\n"),
+    "catalog-shape": ("catalog", '[models.tiny]\nrepo = 5\ndrafters = "x"\n'),
+    "ref-traversal": ("ref", "../../../../etc"),
+    "ref-empty": ("ref", ""),
+}
+CORRUPT_COMMANDS = {
+    "list": ["list", "--json"], "show": ["show", "tiny"], "gen": ["gen", "-m", "tiny", "hi"],
+    "doctor": ["doctor", "-m", "tiny", "--json"], "tune-show": ["tune", "--show"],
+    "tune-reset": ["tune", "--reset", "-m", "tiny"], "rm": ["rm", "tiny", "-y"],
+}  # fmt: skip
+
+
+def _corrupt(file: Path, content: bytes | str) -> None:
+    if isinstance(content, str) and content.startswith("SHAPE:"):
+        path, _, value = content[len("SHAPE:"):].partition("=")
+        data = json.loads(file.read_text())
+        *parents, leaf = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node[leaf] = json.loads(value)
+        file.write_text(json.dumps(data))
+    elif isinstance(content, bytes):
+        file.write_bytes(content)
+    else:
+        file.write_text(content)
+
+
+@pytest.mark.parametrize("command", list(CORRUPT_COMMANDS))
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_corrupt(corruption: str, command: str, fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch,
+                 tmp_path: Path) -> None:  # fmt: skip
+    """A state file broken in syntax or shape: every command that reads it ends in one
+    line naming the file (or works around it, saying so), never a traceback; the
+    documented fix (`tune --reset`, `rm`) works on the broken file."""
+    files = _populate(monkeypatch, tmp_path)
+    kind, content = CORRUPTIONS[corruption]
+    _corrupt(files[kind], content)
+    result = invoke(CORRUPT_COMMANDS[command])
+    assert_clean(result)
+    if result.exit_code and kind in ("record", "tuned", "config", "profile", "catalog"):
+        assert str(files[kind]) in result.stderr or files[kind].name in result.stderr, result.stderr
+    if command == "list" and kind == "record":
+        assert str(files["record"]) in result.stderr  # named, not silently skipped
+    if command == "tune-reset" and kind == "tuned":
+        assert result.exit_code == 0 and not files["tuned"].exists()
+    if command == "rm" and kind == "record":
+        assert result.exit_code == 0 and not files["record"].exists()
+    if command == "tune-show" and kind == "tuned":
+        assert result.exit_code == 0 and str(files["tuned"]) in result.stderr
+    assert leftovers(pardec_home()) == []

@@ -238,7 +238,7 @@ def _catalog_accelerators(entry: CatalogEntry | None, pulled: list[dict[str, Any
         return []
     from pardec_cli.store.resolve import cached_snapshot
 
-    have = {a["repo"].lower() for a in pulled} | {a["name"].lower() for a in pulled}
+    have = {(a["repo"] or "").lower() for a in pulled} | {(a["name"] or "").lower() for a in pulled}
     rows = []
     for acc in entry.accelerators():
         other = lookup_alias(acc.ref)
