@@ -728,3 +728,121 @@ def test_corrupt(corruption: str, command: str, fake_hub: FakeHub, monkeypatch: 
     if command == "tune-show" and kind == "tuned":
         assert result.exit_code == 0 and str(files["tuned"]) in result.stderr
     assert leftovers(pardec_home()) == []
+
+
+# ======================================================================= text
+
+
+def _gen_bytes(args: list[str], stdin: bytes | None = None) -> tuple[int, bytes, str]:
+    """`pardec gen ARGS` in-process with raw bytes on stdin; (exit code, stdout bytes, stderr)."""
+    from click.testing import CliRunner
+
+    from pardec_cli.cli.main import run
+
+    with CliRunner().isolation(input=stdin) as (out, err, _mixed):
+        code = run(["gen", *args])
+    return code, out.getvalue(), err.getvalue().decode("utf-8", "replace")
+
+
+BAD_TEXT = {"not-utf8": "caf\udce9 ok", "lone-low": "x \udcff y", "lone-high": "x \ud83d y"}
+TEXT_PATHS = ["argument", "argument-and-stdin", "stdin", "stdin-dash", "each-line", "prompts-stdin-json",
+              "prompts-file-json", "prompts-file-bytes", "system", "stop", "json-output", "raw"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", TEXT_PATHS)
+@pytest.mark.parametrize("bad", list(BAD_TEXT))
+def test_text(bad: str, path: str, tiny_cli_model: Path, tmp_path: Path) -> None:
+    """Text that is not valid Unicode, wherever a prompt comes in: the rule is that each
+    bad byte or lone surrogate becomes U+FFFD and the prompt runs; stdout stays UTF-8."""
+    text = BAD_TEXT[bad]
+    raw = text.encode("utf-8", "surrogateescape") if bad == "not-utf8" else text.encode("utf-8", "surrogatepass")
+    base = ["-m", str(tiny_cli_model), "-n", "2", "--method", "vanilla"]
+    stdin = None
+    batch = False
+    if path == "argument":
+        args = [*base, text]
+    elif path == "argument-and-stdin":
+        args, stdin = [*base, text], raw + b"\n"
+    elif path == "stdin":
+        args, stdin = base, raw
+    elif path == "stdin-dash":
+        args, stdin = [*base, "-"], raw
+    elif path == "each-line":
+        args, stdin, batch = [*base, "--each-line"], b"first\n" + raw + b"\nlast\n", True
+    elif path == "prompts-stdin-json":
+        line = json.dumps({"id": text, "prompt": text}, ensure_ascii=True).encode()
+        args, stdin, batch = [*base, "--prompts", "-"], b'"first"\n' + line + b"\n", True
+    elif path in ("prompts-file-json", "prompts-file-bytes"):
+        file = tmp_path / "prompts.jsonl"
+        encoded = json.dumps({"prompt": text}, ensure_ascii=True).encode() if path == "prompts-file-json" else \
+            b'{"prompt": "' + raw + b'"}'
+        file.write_bytes(b'"first"\n' + encoded + b"\n")
+        args, batch = [*base, "--prompts", str(file)], True
+    elif path == "system":
+        args = [*base, "-s", text, "hello"]
+    elif path == "stop":
+        args = [*base, "--stop", text, "hello"]
+    elif path == "json-output":
+        args = [*base, "--json", text]
+    else:
+        args = [*base, "--raw", text]
+    code, out, err = _gen_bytes(args, stdin)
+    assert "Traceback" not in err
+    assert code == 0, err
+    decoded = out.decode("utf-8")  # strict: never a surrogate or a stray byte on stdout
+    if batch:
+        rows = [json.loads(line) for line in decoded.splitlines()]
+        assert len(rows) == (3 if path == "each-line" else 2) and all("error" not in r for r in rows)
+        assert "\ufffd" in rows[1]["prompt"] and rows[-1]["text"] is not None
+    elif path == "json-output":
+        assert json.loads(decoded)["text"] is not None
+
+
+@pytest.mark.parametrize("where", ["middle", "first", "last"])
+def test_text_bad_json_line_on_stdin(where: str, tiny_cli_model: Path) -> None:
+    """A JSONL line on stdin that is not a prompt gets its error line; the others run; exit 1."""
+    lines = [b'"one"', b'"two"', b'"three"']
+    index = {"first": 0, "middle": 1, "last": 2}[where]
+    lines[index] = b'{"prompt": \xff broken'
+    code, out, err = _gen_bytes(["-m", str(tiny_cli_model), "-n", "2", "--method", "vanilla", "--prompts", "-"],
+                                b"\n".join(lines) + b"\n")  # fmt: skip
+    assert "Traceback" not in err and code == 1
+    rows = [json.loads(line) for line in out.decode("utf-8").splitlines()]
+    assert [("error" in r) for r in rows] == [i == index for i in range(3)]
+    assert "1 of 3 prompts failed" in err
+
+
+# ===================================================================== number
+
+NUMBER_CASES = {
+    "temp-nan": (["gen", "--temp", "nan", "hi"], "--temp"),
+    "temp-inf": (["gen", "--temp", "inf", "hi"], "--temp"),
+    "temp-minus-inf": (["gen", "--temp", "-inf", "hi"], "--temp"),
+    "temp-huge": (["gen", "--temp", "1e999", "hi"], "--temp"),
+    "top-p-nan": (["gen", "--top-p", "nan", "hi"], "--top-p"),
+    "top-p-inf": (["gen", "--top-p", "inf", "hi"], "--top-p"),
+    "max-tokens-zero": (["gen", "-n", "0", "hi"], "--max-tokens"),
+    "seed-nan": (["gen", "--seed", "nan", "hi"], "--seed"),
+    "tune-budget-nan": (["tune", "--budget", "nan"], "--budget"),
+    "tune-budget-inf": (["tune", "--budget", "inf"], "--budget"),
+    "train-lr-nan": (["train-heads", "--lr", "nan"], "--lr"),
+    "train-budget-inf": (["train-heads", "--budget", "inf"], "--budget"),
+    "knob-nan": (["gen", "--method", "suffix", "-O", "factor=nan", "hi"], "factor"),
+    "knob-inf": (["gen", "--method", "suffix", "-O", "factor=inf", "hi"], "factor"),
+    "layers-too-many": (["gen", "--method", "layerskip", "-O", "layers=999", "hi"], "or 0 for the default draft"),
+    "layers-negative": (["gen", "--method", "layerskip", "-O", "layers=-1", "hi"], "or 0 for the default draft"),
+}
+
+
+@pytest.mark.parametrize("case", list(NUMBER_CASES))
+def test_number(case: str, tiny_cli_model: Path) -> None:
+    """Numbers that are not finite or out of range are usage errors (exit 2) naming the option."""
+    args, named = NUMBER_CASES[case]
+    result = invoke([args[0], "-m", str(tiny_cli_model), *args[1:]])
+    assert_clean(result, 2)
+    assert named in result.stderr
+
+
+def test_number_layers_zero_is_the_documented_default(tiny_cli_model: Path) -> None:
+    result = invoke(["gen", "-m", str(tiny_cli_model), "--method", "layerskip", "-O", "layers=0", "-n", "3", "hi"])
+    assert_clean(result, 0)
