@@ -47,7 +47,7 @@ class StateFileError(PardecError):
 
 def fs_error(exc: OSError, action: str) -> PardecError:
     """One clear line for a filesystem failure while `action` ("writing X", ...)."""
-    what = exc.strerror or type(exc).__name__
+    what = exc.strerror or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
         hint = "free some disk space, or point PARDEC_HOME at a bigger disk"
     elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):

@@ -846,3 +846,119 @@ def test_number(case: str, tiny_cli_model: Path) -> None:
 def test_number_layers_zero_is_the_documented_default(tiny_cli_model: Path) -> None:
     result = invoke(["gen", "-m", str(tiny_cli_model), "--method", "layerskip", "-O", "layers=0", "-n", "3", "hi"])
     assert_clean(result, 0)
+
+
+# ======================================================================= misc
+
+
+def test_misc_seed_without_temperature_is_reported(tiny_cli_model: Path) -> None:
+    greedy = invoke(["gen", "-m", str(tiny_cli_model), "-n", "2", "--seed", "1", "hi"])
+    assert_clean(greedy, 0)
+    assert "--seed has no effect" in greedy.stderr
+    sampled = invoke(["gen", "-m", str(tiny_cli_model), "-n", "2", "--seed", "1", "--temp", "0.7", "hi"])
+    assert_clean(sampled, 0)
+    assert "--seed" not in sampled.stderr
+
+
+def test_misc_model_removed_while_loading(tiny_cli_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pardec_cli.store import loading
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_cli_model, model)
+    checked = loading.check_model_files
+
+    def check_then_vanish(path: Path) -> dict[str, object]:
+        config = checked(path)
+        shutil.rmtree(path)  # `pardec rm` in another terminal, right now
+        return config
+
+    monkeypatch.setattr(loading, "check_model_files", check_then_vanish)
+    result = invoke(["gen", "-m", str(model), "-n", "2", "hi"])
+    assert_clean(result, 1)
+    assert "was removed while it was loading" in result.stderr and "Repo id" not in result.stderr
+
+
+@pytest.mark.parametrize("zones", [("America/Los_Angeles", "Asia/Tokyo"), ("Asia/Kolkata", "UTC"), ("UTC", "Pacific/Auckland")],
+                         ids=["la-tokyo", "kolkata-utc", "utc-auckland"])  # fmt: skip
+def test_misc_last_used_across_time_zones(zones: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stamp written in one time zone reads right in another ("just now", not hours)."""
+    from pardec_cli.cli.models import _ago
+
+    writer, reader = zones
+    try:
+        monkeypatch.setenv("TZ", writer)
+        time.tzset()
+        records.touch("tiny")
+        stamp = records.usage()["tiny"]
+        monkeypatch.setenv("TZ", reader)
+        time.tzset()
+        assert _ago(stamp) == "just now", stamp
+        assert records.last_used("tiny") == stamp
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_misc_last_used_compares_moments_not_text() -> None:
+    records._update_usage(lambda d: d.update({"a": "2026-01-01T10:00:00+09:00", "b": "2026-01-01T02:00:00+00:00"}))
+    assert records.last_used("a", "b") == "2026-01-01T02:00:00+00:00"  # 02:00Z is after 01:00Z
+
+
+def test_misc_truncated_store_model_is_not_listed_as_healthy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def convert(g: Path, out: Path, **k: object) -> None:
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"x" * 1000)
+
+    monkeypatch.setattr(gguf_import, "_convert", convert)
+    path = gguf_import.import_gguf(_write_gguf(tmp_path / "m.gguf"), "mine")
+    assert json.loads(invoke(["list", "--json"]).stdout)[0]["complete"] is True
+    (path / "model.safetensors").write_bytes(b"x" * 10)
+    listed = invoke(["list"])
+    assert_clean(listed, 0)
+    assert "files missing" in listed.stdout
+
+
+@pytest.mark.parametrize("owner", ["dead-pid", "live-pid", "no-pid-old", "no-pid-fresh"])
+def test_misc_stale_staging_folders(owner: str) -> None:
+    """Scratch folders of a killed pardec are removed; those of a running one are kept."""
+    root = models_dir()
+    root.mkdir(parents=True)
+    if owner == "dead-pid":
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        folder = root / f".mine.tmp-{child.stdout.strip()}-abcd"
+    elif owner == "live-pid":
+        folder = root / f".mine.tmp-{os.getpid()}-abcd"
+    else:
+        folder = root / ".mine.tmp-abcd1234"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"x" * 100)
+    if owner == "no-pid-old":
+        os.utime(folder, (time.time() - 7200, time.time() - 7200))
+    assert_clean(invoke(["list"]), 0)
+    assert folder.exists() is (owner in ("live-pid", "no-pid-fresh"))
+
+
+def test_misc_config_lists_only_for_repeatable_options() -> None:
+    """config.REPEATABLE names exactly the options that take several values."""
+    import click
+
+    from pardec_cli.cli.main import COMMANDS, cli
+    from pardec_cli.config import REPEATABLE
+
+    ctx = click.Context(cli)
+    multiple = {p.name for name in COMMANDS for p in cli.get_command(ctx, name).params
+                if isinstance(p, click.Option) and p.multiple}  # fmt: skip
+    assert multiple == set(REPEATABLE)
+
+
+def test_misc_rm_reports_links_it_did_not_follow(fake_hub: FakeHub, tmp_path: Path) -> None:
+    """Regression (issue 17, defect 1): the exact attack, a crafted record entry."""
+    victim = _victim(tmp_path)
+    assert pull().exit_code == 0
+    record_file = records.records_dir() / "tiny.json"
+    data = json.loads(record_file.read_text())
+    data["target"]["files"]["../../../../decoy/victim.txt"] = 8
+    record_file.write_text(json.dumps(data))
+    freed = hub.remove_snapshot_files(TARGET, data["target"]["commit"], ["../../../../decoy/victim.txt"],
+                                      problems=(problems := []))  # fmt: skip
+    assert freed == 0 and victim.read_text() == "precious" and "points outside" in problems[0]

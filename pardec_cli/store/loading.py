@@ -155,6 +155,9 @@ def _load_config(path: Path, model_type: str) -> Any:
 
     try:
         return AutoConfig.from_pretrained(str(path))
+    except OSError as exc:
+        _check_still_there(path)
+        raise ModelLoadError(f"cannot read {path / 'config.json'}: {_first_line(exc)}", hint=_REDO_HINT) from None
     except (ValueError, KeyError):
         raise ModelLoadError(
             f"transformers cannot load architecture {model_type!r} ({path / 'config.json'})",
