@@ -2,9 +2,10 @@
 
 Every case ends in a correct result or one clear error line with the documented exit
 code; none in a traceback, a silently wrong result, a lost file or a file left behind.
-Cases are parametrized with ids that start with their category, so the matrix counts:
+Each test function is named after its category (test_<category>[_...]), parametrized
+over the cases, so the matrix counts with:
 
-    pytest tests/test_faults.py --collect-only -q | sed 's/.*\\[//; s/-.*//' | sort | uniq -c
+    pytest tests/test_faults.py --collect-only -q | grep :: | sed 's/.*::test_//; s/[_[].*//' | sort | uniq -c
 
 Categories:
   hub        the fake Hub drops a connection, answers 500, serves a damaged or short file
