@@ -126,12 +126,14 @@ class PullRecord:
         return wanted in {self.name.lower(), (self.alias or "").lower(), self.target.repo.lower()}
 
 
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 _REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def _commit(value: Any) -> str | None:
-    return None if isinstance(value, str) and _COMMIT.fullmatch(value) else f"must be a 40-digit commit hash, not {value!r}"
+    # A snapshot folder's name: one plain path component (a commit hash, as pulls write).
+    if isinstance(value, str) and value and not re.search(r"[/\\]", value) and value not in (".", ".."):
+        return None
+    return f"must be a commit hash, not {value!r}"
 
 
 def _repo(value: Any) -> str | None:
