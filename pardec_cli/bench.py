@@ -65,7 +65,7 @@ def load_prompts(path: Path) -> list[BenchPrompt]:
     if not path.is_file():
         raise PardecUsageError(f"prompt file not found: {path}")
     prompts: list[BenchPrompt] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(path.read_bytes().decode("utf-8", "replace").splitlines(), start=1):
         if not line.strip():
             continue
         try:

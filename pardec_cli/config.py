@@ -19,6 +19,7 @@ and checks the file.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ else:  # pragma: no cover - Python 3.10
 
 ENV_PREFIX = "PARDEC"
 _SCALARS = (str, int, float, bool)
+# The options that take a list (Click's multiple=True): --stop, -O, --drafter.
+REPEATABLE = frozenset({"stop", "method_opts", "drafters"})
 
 
 def config_path() -> Path:
@@ -41,12 +44,16 @@ def config_path() -> Path:
 
 
 def _check_value(path: Path, key: str, value: Any) -> Any:
+    name = key.rpartition(".")[2].replace("-", "_")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PardecUsageError(f"{path}: key {key!r} must be a finite number, not {value}", hint=f"fix or remove it in {path}")
     if isinstance(value, _SCALARS):
         return value
-    if isinstance(value, list) and all(isinstance(v, _SCALARS) for v in value):
+    if isinstance(value, list) and name in REPEATABLE and all(isinstance(v, _SCALARS) for v in value):
         return value  # repeatable options (--stop, -O)
+    what = "a string, number, boolean or a list of those" if name in REPEATABLE else "one string, number or boolean"
     raise PardecUsageError(
-        f"{path}: key {key!r} must be a string, number, boolean or a list of those, not {type(value).__name__}",
+        f"{path}: key {key!r} must be {what}, not {type(value).__name__}",
         hint=f"fix or remove it in {path}",
     )
 

@@ -135,6 +135,7 @@ class Planner:
         else:
             session.set_method(method, options)  # a bad knob fails before the first prompt
         self.profile_used: str | None = None
+        self.warned_seed = False  # the front end says once per run that a greedy --seed does nothing
 
     def plan(self, text: str) -> Plan:
         """The plan for `text`; with auto, its method becomes the session's."""

@@ -18,6 +18,7 @@ Torch-free: `pardec --help`, completion and `pardec doctor` read profiles cheapl
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -249,6 +250,8 @@ def _check_sampling(table: Any) -> None:
         ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
         if kind is int and not isinstance(value, int):
             ok_type = False
+        if ok_type and not math.isfinite(value):
+            ok_type = False  # TOML has nan and inf; neither is a usable setting
         if not ok_type or (low is not None and value < low) or (high is not None and value > high):
             bounds = f">= {low}" + (f" and <= {high}" if high is not None else "")
             raise _ProfileError(f"sampling.{key}", f"must be {'an integer' if kind is int else 'a number'} {bounds}, not {value!r}")
@@ -282,7 +285,7 @@ def _check_candidate(where: str, item: dict[str, Any]) -> None:
             if key == "tokens_per_step":
                 raise _ProfileError(f"{where}.{key}", "is required: the expected tokens per decoding step")
             continue
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < low:
             raise _ProfileError(f"{where}.{key}", f"must be a number >= {low:g}, not {value!r}")
     problem = knob_problem(method, knobs)
     if problem:

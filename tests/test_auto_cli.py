@@ -138,7 +138,7 @@ def test_doctor_json(tiny_cli_model):
     result = invoke(["doctor", "-m", str(tiny_cli_model), "--json"])
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == {"versions", "machine", "models", "profiles", "vllm", "model"}
+    assert set(report) == {"versions", "machine", "models", "profiles", "vllm", "model", "compiled"}
     assert report["machine"]["hardware_class"] in ("cpu", "cpu-bf16", "gpu-datacenter", "gpu-consumer", "apple")
     assert set(report["model"]["auto"]) == {"code", "chat", "extraction"}
     assert report["model"]["layers"] == 2

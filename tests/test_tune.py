@@ -76,7 +76,7 @@ def test_a_broken_results_file_is_skipped_by_lookups_and_named_when_read(tmp_pat
     with pytest.raises(PardecError, match="broken.toml"):
         read_results(bad)
     bad.write_text("format = 99\nmodel='x'\n")
-    with pytest.raises(PardecError, match="format 99"):
+    with pytest.raises(PardecError, match="format: must be 1, not 99"):
         read_results(bad)
 
 

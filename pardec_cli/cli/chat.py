@@ -22,6 +22,7 @@ from pardec_cli.cli.options import (
 )
 from pardec_cli.cli.output import is_terminal
 from pardec_cli.errors import PardecError, PardecUsageError
+from pardec_cli.prompt_files import clean_text
 
 
 @click.command()
@@ -68,7 +69,8 @@ def chat(model: str | None, dtype: str, device: str, offline: bool | None, compi
         return
     options = build_method_options(method, method_opts, draft_model, heads_dir)
     settings = ChatSettings(method=method, options=options, profile=profile, max_tokens=max_tokens,
-                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop))
+                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                            stop=tuple(clean_text(s) for s in stop))
     settings.sampling()  # check the values now, not after the app has started
     conversation = None
     if resume is not None:
@@ -77,6 +79,7 @@ def chat(model: str | None, dtype: str, device: str, offline: bool | None, compi
             raise PardecError("there is no saved conversation to continue", hint="start one with `pardec chat`")
     if not (is_terminal(sys.stdin) and is_terminal(sys.stdout)):
         raise PardecUsageError("pardec chat needs a terminal", hint="in scripts and pipes use `pardec gen`")
+    system = clean_text(system) if system is not None else None  # gen's rule for text that is not Unicode
     run_app(settings, model=model, dtype=dtype, device=device, offline=offline, system=system,
             conversation=conversation, save=save, history=history, store=store, compile=compile)
 

@@ -48,7 +48,7 @@ from pardec_cli.cli.output import (
 )
 from pardec_cli.errors import PardecError, PardecUsageError
 from pardec_cli.planning import PROFILE_SAMPLING_KEYS, Planner, Settings, load_profiles_checked, planned_settings
-from pardec_cli.prompt_files import parse_prompt_line
+from pardec_cli.prompt_files import clean_text, parse_prompt_line, tolerant_stdin
 
 
 @click.command()
@@ -137,7 +137,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     settings = Settings(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-        stop=stop, system=system, raw=raw,
+        stop=tuple(clean_text(s) for s in stop), system=clean_text(system) if system is not None else None, raw=raw,
     )
     options = build_method_options(method, method_opts, draft_model, heads_dir)
     user_set = options_set_by_user(click.get_current_context(), PROFILE_SAMPLING_KEYS)
@@ -201,6 +201,10 @@ def options_set_by_user(ctx: click.Context, names: Any) -> set[str]:
 def plan_prompt(planner: Planner, text: str, *, explain: bool, title: str | None = None) -> Settings:
     """Plan `text` (the session's method is set for it); with --explain, say why on stderr."""
     plan = planner.plan(text)
+    sampling = plan.settings.sampling
+    if sampling.greedy and sampling.seed is not None and not planner.warned_seed:
+        planner.warned_seed = True  # once per run, not per prompt
+        click.echo("pardec: warning: --seed has no effect: decoding is greedy (set --temp above 0 to sample)", err=True)
     if explain:
         header = [f"== {title}"] if title else []
         for line in header + plan.explain_lines():
@@ -216,6 +220,7 @@ class BatchPrompt:
     id: str | int
     text: str
     category: str | None = None
+    error: str | None = None  # a line that could not be read: it gets an error line, the others run
 
 
 # -- one generation -------------------------------------------------------------------
@@ -289,6 +294,11 @@ def run_batch(session: Any, jobs: Iterator[BatchPrompt], planner: Planner, *, st
     with InterruptGuard() as guard:
         for job in jobs:
             done += 1
+            if job.error is not None:
+                failed += 1
+                record = {**batch_fields(job), "error": job.error}
+                write_json_line(out, {"type": "result", **record} if steps else record)
+                continue
             on_chunk = (lambda chunk, i=job.index: write_json_line(out, step_record(chunk, index=i))) if steps else None
             try:
                 settings = plan_prompt(planner, job.text, explain=explain, title=f"prompt {job.index} (id {job.id})")
@@ -354,12 +364,12 @@ def batch_fields(job: BatchPrompt) -> dict[str, Any]:
 
 def read_prompt(words: tuple[str, ...]) -> str:
     """Arguments, then stdin appended (when piped); `-` alone means stdin only."""
-    parts = [w for w in words if w != "-"]
+    parts = [clean_text(w) for w in words if w != "-"]
     text = " ".join(parts)
     stdin = sys.stdin
     wants_stdin = "-" in words
     if wants_stdin or not is_terminal(stdin):
-        piped = stdin.read()
+        piped = clean_text(tolerant_stdin(stdin).read())
         if piped.strip():
             text = f"{text}\n{piped}" if text else piped
     if not text.strip():
@@ -375,37 +385,48 @@ def batch_prompts(prompts_file: Path | None, each_line: bool, *, prefix: str = "
     as it writes.
     """
 
+    prefix = clean_text(prefix)
+
     def join(text: str) -> str:
         return f"{prefix}\n{text}" if prefix.strip() else text
 
     if prompts_file is not None and str(prompts_file) != "-":
         try:
-            lines = prompts_file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PardecUsageError(f"cannot read {prompts_file}: {exc}") from None
+            lines = prompts_file.read_bytes().decode("utf-8", "replace").splitlines()
+        except OSError as exc:
+            raise PardecUsageError(f"cannot read {prompts_file}: {exc.strerror or exc}") from None
         jobs = list(_parse_jsonl(lines, str(prompts_file), join))
         if not jobs:
             raise PardecUsageError(f"{prompts_file} holds no prompts")
         return iter(jobs)
-    stdin = sys.stdin
+    stdin = tolerant_stdin(sys.stdin)
     if each_line:
         return _each_line(stdin, join)
-    return _parse_jsonl(stdin, "<stdin>", join)
+    return _parse_jsonl(stdin, "<stdin>", join, keep_going=True)
 
 
 def _each_line(lines: Any, join: Callable[[str], str]) -> Iterator[BatchPrompt]:
     index = 0
     for number, line in enumerate(lines, start=1):
         if line.strip():
-            yield BatchPrompt(index, number, join(line.rstrip("\r\n")))
+            yield BatchPrompt(index, number, join(clean_text(line.rstrip("\r\n"))))
             index += 1
 
 
-def _parse_jsonl(lines: Any, source: str, join: Callable[[str], str]) -> Iterator[BatchPrompt]:
+def _parse_jsonl(lines: Any, source: str, join: Callable[[str], str], *, keep_going: bool = False) -> Iterator[BatchPrompt]:
+    """Prompts from JSONL lines. A bad line stops a file (checked whole before the model
+    loads); on stdin (`keep_going`) it becomes that prompt's error line and the rest run."""
     index = 0
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        ident, text, category = parse_prompt_line(line, f"{source}:{number}")
+        try:
+            ident, text, category = parse_prompt_line(line, f"{source}:{number}")
+        except PardecUsageError as exc:
+            if not keep_going:
+                raise
+            yield BatchPrompt(index, number, clean_text(line.rstrip("\r\n")), error=exc.message)
+            index += 1
+            continue
         yield BatchPrompt(index, number if ident is None else ident, join(text), category)
         index += 1

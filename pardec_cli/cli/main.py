@@ -109,6 +109,11 @@ def run(argv: list[str] | None = None) -> int:
         _say("pardec: interrupted")
         return EXIT_INTERRUPTED
     except click.ClickException as exc:
+        from_config = _config_value_error(exc)
+        if from_config is not None:
+            _say(f"pardec: error: {from_config.message}")
+            _say(f"pardec: hint: {from_config.hint}")
+            return from_config.exit_code
         exc.show()
         return exc.exit_code
     except click.exceptions.Exit as exc:
@@ -124,6 +129,16 @@ def run(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_OK
+    except OSError as exc:
+        # A filesystem failure no command turned into its own message (read-only or full
+        # disk, PARDEC_HOME that is a file): one line that names the file, not a traceback.
+        from pardec_cli.statefile import fs_error
+
+        error = fs_error(exc, "a file operation")
+        _say(f"pardec: error: {error.message}")
+        if error.hint:
+            _say(f"pardec: hint: {error.hint}")
+        return error.exit_code
     except SystemExit as exc:
         # Click turns a closed pipe (EPIPE) into sys.exit(1) after wrapping the streams;
         # the reader leaving early (`pardec list | head -1`) is not a failure.
@@ -132,6 +147,25 @@ def run(argv: list[str] | None = None) -> int:
             return EXIT_OK
         raise
     return returned if isinstance(returned, int) else EXIT_OK
+
+
+def _config_value_error(exc: click.ClickException) -> Any:
+    """A bad option value that came from config.toml, as an error naming the file (Click's
+    own message names only the option, which the user did not type)."""
+    from click.core import ParameterSource
+
+    from pardec_cli.errors import PardecUsageError
+
+    ctx, param = getattr(exc, "ctx", None), getattr(exc, "param", None)
+    if not isinstance(exc, click.BadParameter) or ctx is None or param is None or not param.name:
+        return None
+    if ctx.get_parameter_source(param.name) is not ParameterSource.DEFAULT_MAP:
+        return None
+    from pardec_cli.config import config_path
+
+    path = config_path()
+    return PardecUsageError(f"{path}: [{ctx.info_name}] {param.name}: {exc.format_message()}",
+                            hint=f"fix or remove it in {path}")
 
 
 def _say(message: str) -> None:

@@ -51,12 +51,14 @@ def _size(n: int | None) -> str:
 
 def _ago(stamp: str | None) -> str:
     """'3 min ago' from a timestamp written by `records.now()`."""
+    from pardec_cli.store.records import parse_stamp
+
     if not stamp:
         return "never"
-    try:
-        seconds = time.time() - time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
+    moment = parse_stamp(stamp)
+    if moment is None:
         return stamp
+    seconds = time.time() - moment.timestamp()
     for unit, length in (("day", 86400), ("hour", 3600), ("min", 60)):
         if seconds >= length:
             count = int(seconds // length)
@@ -135,8 +137,11 @@ def list_models(as_json: bool) -> None:
     disk, its accelerators (with their compatibility) and when it was last used.
     """
     from pardec_cli.store.inventory import list_models as inventory
+    from pardec_cli.store.records import broken_records
 
     models = inventory()
+    for broken in broken_records():
+        _say(f"warning: {broken.message} ({broken.hint})")
     if as_json:
         click.echo(json.dumps([m.to_dict() for m in models], indent=2))
         return
@@ -245,6 +250,8 @@ def rm(models: tuple[str, ...], yes: bool, hf_cache: bool) -> None:
         freed = plan.run()
         total += freed
         click.echo(f"removed {plan.name} (freed {_size(freed)})")
+        for problem in plan.problems:
+            _say(f"warning: {problem}")
     if len(plans) > 1:
         click.echo(f"freed {_size(total)} in total")
 

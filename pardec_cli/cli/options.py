@@ -115,13 +115,28 @@ def method_options(default: str = AUTO) -> Callable[[F], F]:
     return decorate
 
 
+class FiniteFloat(click.FloatRange):
+    """A float in a range that must also be finite: 'nan' and 'inf' parse as floats but
+    compare false with every bound, so a plain FloatRange lets them through."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def sampling_options(f: F) -> F:
     """-n/--max-tokens, --temp, --top-p, --top-k, --seed, --stop."""
     f = click.option("--stop", multiple=True, metavar="TEXT", help="Stop when this text appears (not printed). Repeatable.")(f)
     f = click.option("--seed", type=int, default=None, help="Random seed: the same seed gives the same sampled text.")(f)
     f = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="Sample among the K most likely tokens (0: all).")(f)
-    f = click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True, help="Nucleus sampling threshold.")(f)
-    f = click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Sampling temperature; 0 is greedy.")(f)
+    f = click.option("--top-p", type=FiniteFloat(0.0, 1.0, min_open=True), default=1.0, show_default=True, help="Nucleus sampling threshold.")(f)
+    f = click.option("--temp", "temperature", type=FiniteFloat(min=0.0), default=0.0, show_default=True, help="Sampling temperature; 0 is greedy.")(f)
     f = click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Most tokens to generate.")(f)
     return f
 

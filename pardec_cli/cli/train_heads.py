@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pardec_cli.cli.options import model_options
+from pardec_cli.cli.options import FiniteFloat, model_options
 from pardec_cli.cli.output import is_terminal, loading_status
 
 
@@ -20,7 +20,7 @@ from pardec_cli.cli.output import is_terminal, loading_status
               help="Training text: .txt/.md files, .jsonl lines with \"text\" (learned as is) or \"prompt\"/\"turns\" "
               "(replied to by the model, then learned). Default: the model's own replies to pardec's built-in prompts.")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Stop after this many training steps.")
-@click.option("--budget", "budget_min", type=click.FloatRange(min=0.1), default=None, metavar="MINUTES",
+@click.option("--budget", "budget_min", type=FiniteFloat(min=0.1), default=None, metavar="MINUTES",
               help="Stop after this many minutes in all (replies, hidden states and training). "
               "Default: 30, unless --steps is given.")
 @click.option("--heads", "num_heads", type=click.IntRange(1, 10), default=4, show_default=True,
@@ -30,7 +30,7 @@ from pardec_cli.cli.output import is_terminal, loading_status
               help="Longest reply generated per prompt.")
 @click.option("--draft-vocab", type=click.IntRange(min=0), default=8192, show_default=True,
               help="Draft from the N most frequent tokens of the corpus (0: all it uses). Smaller drafts faster on a CPU.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None, help="Peak learning rate (default 1e-3).")
+@click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help="Peak learning rate (default 1e-3).")
 @click.option("--unroll", type=click.IntRange(1, 5), default=2, show_default=True,
               help="EAGLE: training-time-test steps (the head also learns from its own guesses, as when drafting deeper).")
 @click.option("--resume", is_flag=True, help="Continue training the heads saved earlier (their weights and optimizer).")

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from pardec_cli.cli.options import compile_notice, compile_option, model_options
+from pardec_cli.cli.options import FiniteFloat, compile_notice, compile_option, model_options
 from pardec_cli.cli.output import is_terminal, loading_status
 
 
@@ -32,7 +32,7 @@ class ProfileOrAll(click.ParamType):
 @compile_option
 @click.option("-P", "--profile", "profile", default="all", show_default=True, type=ProfileOrAll(),
               help="The task profile to tune, or all.")
-@click.option("--budget", type=click.FloatRange(min=0.0, min_open=True), default=10.0, show_default=True, metavar="MINUTES",
+@click.option("--budget", type=FiniteFloat(min=0.0, min_open=True), default=10.0, show_default=True, metavar="MINUTES",
               help="Time to spend measuring, all profiles together.")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               metavar="FILE.jsonl", help="Tune on these prompts (as `gen --prompts` reads them) instead of the built-in "
@@ -93,10 +93,12 @@ def _model_key(model: str | None, device: str, dtype: str) -> tuple[str, str | N
 def show_results(model: str | None, device: str, dtype: str, as_json: bool) -> None:
     from dataclasses import asdict
 
-    from pardec_cli.tuning.results import all_results, tuned_dir
+    from pardec_cli.tuning.results import scan_results, tuned_dir
     from pardec_cli.tuning.tuner import describe_results
 
-    found = all_results()
+    found, broken = scan_results()
+    for exc in broken:
+        click.echo(f"pardec: warning: {exc.message} ({exc.hint})", err=True)
     name, fingerprint, device_key, dtype_name = _model_key(model, device, dtype)
     if model is not None:
         found = [r for r in found if r.model == name or r.fingerprint == fingerprint]
@@ -124,13 +126,22 @@ def show_results(model: str | None, device: str, dtype: str, as_json: bool) -> N
 
 def reset_results(model: str | None) -> None:
     from pardec_cli.doctor import find_model
-    from pardec_cli.tuning.results import all_results, fingerprint_directory, remove_results
+    from pardec_cli.tuning.results import fingerprint_directory, remove_results, scan_results
 
+    found, broken = scan_results()
+    # Files that are not valid cannot say which model they are for, and are of no use to
+    # any: --reset removes them whatever MODEL is (it is the documented fix).
+    for exc in broken:
+        path = getattr(exc, "path", None)
+        if path is not None and path.is_file():
+            path.unlink()
+            click.echo(f"removed {path} (it was not valid)")
     name, path, _repo = find_model(model)
     fingerprint = fingerprint_directory(path) if path else None
-    mine = [r for r in all_results() if r.model == name or (fingerprint and r.fingerprint == fingerprint)]
+    mine = [r for r in found if r.model == name or (fingerprint and r.fingerprint == fingerprint)]
     if not mine:
-        click.echo(f"no tuned results for {name}: nothing to remove")
+        if not broken:
+            click.echo(f"no tuned results for {name}: nothing to remove")
         return
     for removed in remove_results(mine):
         click.echo(f"removed {removed}")

@@ -105,7 +105,10 @@ class LayerSkip:
             chosen = parse_layer_list(layer_list, total)
         elif layers:
             if not 1 <= layers < total:
-                raise PardecUsageError(f"layerskip layers must be between 1 and {total - 1}, got {layers}")
+                raise PardecUsageError(
+                    f"layerskip layers must be between 1 and {total - 1}, or 0 for the default draft "
+                    f"(the first and last third), got {layers}"
+                )
             chosen = list(range(layers))
         else:
             chosen = skip_middle_third(total)

@@ -5,6 +5,7 @@ Torch-free, so `pardec methods`, `--help` and shell completion can list them che
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,16 @@ class MethodOption:
 
 
 def parse_value(option: MethodOption, raw: Any) -> Any:
-    """Convert a raw value (a string from the command line, or a TOML value) to the option's type."""
+    """Convert a raw value (a string from the command line, or a TOML value) to the option's type.
+
+    Numbers must be finite: 'nan' and 'inf' parse as floats but mean nothing as a knob."""
+    value = _parse_value(option, raw)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PardecUsageError(f"option {option.name!r} expects a finite number, got {raw!r}")
+    return value
+
+
+def _parse_value(option: MethodOption, raw: Any) -> Any:
     if not isinstance(raw, str):
         if option.kind is float and isinstance(raw, int):
             return float(raw)

@@ -17,6 +17,7 @@ Torch-free and cheap, so `auto` selection and `pardec list` can ask which kinds 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import shutil
 import tempfile
@@ -27,7 +28,7 @@ from typing import Any
 
 from pardec_cli.home import pardec_home
 from pardec_cli.store import records
-from pardec_cli.store.layout import read_json_object, swap_into_place
+from pardec_cli.store.layout import clean_stale_scratch, read_json_object, scratch_prefix, swap_into_place, terminate_cleanly
 
 HEAD_KINDS: tuple[str, ...] = ("medusa", "eagle", "eagle3")
 #: pardec's own notes about heads it trained (the corpus, the draft vocabulary, the
@@ -120,6 +121,8 @@ def expected_tokens_per_step(marker: dict[str, Any]) -> float | None:
     agreement = evaluation.get("top1_per_depth") or evaluation.get("top1_per_head")
     if not isinstance(agreement, list) or not agreement:
         return None
+    if not all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in agreement):
+        return None  # a damaged marker: no estimate rather than a wrong one
     tokens, reach = 1.0, 1.0
     for share in agreement:
         reach *= min(max(float(share), 0.0), 1.0)
@@ -175,10 +178,12 @@ def replace_dir(folder: Path, write: Callable[[Path], None]) -> None:
     Ctrl-C) inside `write` leaves `folder` as it was.
     """
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
-        write(tmp)
-        swap_into_place(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    clean_stale_scratch(folder.parent)  # what a killed train-heads left behind
+    tmp = Path(tempfile.mkdtemp(prefix=scratch_prefix(folder.name, "tmp"), dir=folder.parent))
+    with terminate_cleanly():
+        try:
+            write(tmp)
+            swap_into_place(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

@@ -95,8 +95,13 @@ def _blob_of(link: Path) -> Path | None:
     return (link.parent / os.readlink(link)).resolve()
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether `path` (already resolved) is `folder` (resolved) or lies under it."""
+    return path == folder or folder in path.parents
+
+
 def remove_snapshot_files(repo: str, commit: str, names: list[str] | tuple[str, ...],
-                          cache: Path | None = None) -> int:  # fmt: skip
+                          cache: Path | None = None, problems: list[str] | None = None) -> int:  # fmt: skip
     """Remove files from one snapshot of the cache, safely; return the bytes freed.
 
     config.json goes first (so a half-removed snapshot is never taken for a model),
@@ -104,12 +109,27 @@ def remove_snapshot_files(repo: str, commit: str, names: list[str] | tuple[str, 
     to it. Emptied folders go too: the snapshot and the refs naming it, and the whole
     repo folder once it has no snapshot left. Bytes are counted for blobs (and plain
     files) actually deleted.
+
+    Nothing outside the repo's own cache folder is ever deleted, whatever `names` or the
+    snapshot's links say: a name that leads out of the snapshot is skipped, and a link
+    to a file outside the repo's ``blobs/`` is removed without its target; each is
+    described in `problems`.
     """
     root = repo_dir(repo, cache)
     snap = root / "snapshots" / commit
-    if not snap.is_dir():
+    if not snap.is_dir() or root.is_symlink() or snap.is_symlink():
+        if snap.exists() and problems is not None:
+            problems.append(f"{snap} is a link out of the cache folder: left alone")
         return 0
-    doomed = {snap / name for name in names}
+    problems = problems if problems is not None else []
+    real_snap, real_blobs = snap.resolve(), (root / "blobs").resolve()
+    doomed = set()
+    for name in names:
+        path = snap / name
+        if not _inside(path.parent.resolve(), real_snap):
+            problems.append(f"{name!r} points outside {snap}: not removed")
+            continue
+        doomed.add(path)
     in_use = {
         blob
         for link in (root / "snapshots").rglob("*")
@@ -118,29 +138,55 @@ def remove_snapshot_files(repo: str, commit: str, names: list[str] | tuple[str, 
     freed = 0
     for path in sorted(doomed, key=lambda p: (p.name != "config.json", str(p))):
         blob = _blob_of(path)
-        if blob is None and path.is_file():
+        if blob is not None and not _inside(blob, real_blobs):
+            problems.append(f"{path} links to {blob}, outside the cache folder: removed the link only")
+            blob = None
+        elif blob is None and path.is_file():
             freed += path.stat().st_size
         if path.is_symlink() or path.is_file():
             path.unlink()
         if blob is not None and blob not in in_use and blob.is_file():
             freed += blob.stat().st_size
             blob.unlink()
-    for folder in sorted((p for p in snap.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+    for folder in sorted((p for p in snap.rglob("*") if p.is_dir() and not p.is_symlink()), key=lambda p: -len(p.parts)):
         if not any(folder.iterdir()):
             folder.rmdir()
     if not any(snap.iterdir()):
         snap.rmdir()
         refs = root / "refs"
         for ref in refs.rglob("*") if refs.is_dir() else ():
-            if ref.is_file() and ref.read_text("utf-8").strip() == commit:
+            if ref.is_file() and not ref.is_symlink() and ref.read_text("utf-8", "replace").strip() == commit:
                 ref.unlink()
     if not any((root / "snapshots").iterdir()):
         for blob in (root / "blobs").glob("*") if (root / "blobs").is_dir() else ():
-            if blob.is_file() and not blob.name.endswith(".incomplete"):
+            if blob.is_file() and not blob.is_symlink() and not blob.name.endswith(".incomplete"):
                 freed += blob.stat().st_size
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(root.parent / ".locks" / root.name, ignore_errors=True)
     return freed
+
+
+def remove_stale_partials(repo: str, cache: Path | None = None) -> list[Path]:
+    """Remove partial downloads that a killed pull left in the repo's ``blobs/``; return them.
+
+    huggingface_hub downloads into ``<etag>.<random>.incomplete`` under the lock
+    ``.locks/<repo folder>/<etag>.lock``: a partial file whose lock is free belongs to no
+    running download (its random name means no later download resumes it either).
+    """
+    from filelock import FileLock, Timeout
+
+    root = repo_dir(repo, cache)
+    blobs = root / "blobs"
+    removed = []
+    for part in sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else ():
+        lock_file = root.parent / ".locks" / root.name / f"{part.name.split('.')[0]}.lock"
+        try:
+            with FileLock(str(lock_file), timeout=0):
+                part.unlink(missing_ok=True)
+                removed.append(part)
+        except (Timeout, OSError):
+            continue  # being downloaded right now (or the lock cannot be taken: leave it)
+    return removed
 
 
 def remove_repo(repo: str, cache: Path | None = None) -> int:
@@ -151,13 +197,43 @@ def remove_repo(repo: str, cache: Path | None = None) -> int:
     root = repo_dir(repo, cache)
     if not root.is_dir():
         return 0
-    # Blobs, plus snapshot files that are copies rather than links (no symlink support).
-    freed = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    # Blobs, plus snapshot files that are copies rather than links (no symlink support);
+    # a repo folder that is itself a link frees nothing (the link goes, not its target).
+    freed = 0 if root.is_symlink() else sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
     trash = Path(tempfile.mkdtemp(prefix=".pardec-rm-", dir=root.parent))
     os.replace(root, trash / root.name)
     shutil.rmtree(trash, ignore_errors=True)
     shutil.rmtree(root.parent / ".locks" / root.name, ignore_errors=True)
     return freed
+
+
+def file_hash(path: Path, kind: str) -> str:
+    """The hash of a file's content as the Hub computes it: "sha256" or "git-sha1" (the
+    git blob id: sha1 of ``blob <size>\\0`` and the content)."""
+    import hashlib
+
+    size = path.stat().st_size
+    digest = hashlib.sha256() if kind == "sha256" else hashlib.sha1(f"blob {size}\0".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return f"{kind}:{digest.hexdigest()}"
+
+
+def content_problem(path: Path, expected_hash: str | None, expected_size: int | None) -> str | None:
+    """Why the downloaded `path` is not the file the Hub listed (size, then hash), or None."""
+    try:
+        size = path.stat().st_size
+        if expected_size is not None and size != expected_size:
+            return f"{size} bytes, the Hub lists {expected_size}"
+        if expected_hash:
+            kind = expected_hash.split(":", 1)[0]
+            actual = file_hash(path, kind)
+            if actual != expected_hash:
+                return f"its {kind} is {actual.split(':', 1)[1][:12]}..., the Hub's is {expected_hash.split(':', 1)[1][:12]}..."
+    except OSError as exc:
+        return f"cannot read it ({exc.strerror or exc})"
+    return None
 
 
 def free_bytes(path: Path) -> int:
@@ -181,6 +257,9 @@ class RepoListing:
     revision: str
     commit: str
     files: dict[str, int | None] = field(default_factory=dict)
+    # path -> the hash the Hub gives for its content: "sha256:<hex>" (LFS files) or
+    # "git-sha1:<hex>" (the git blob id of small files); a file not listed is not checked.
+    hashes: dict[str, str] = field(default_factory=dict)
 
 
 def _bar_class(label: str, show: bool) -> type:
@@ -237,9 +316,17 @@ class HubClient:
                 repo, revision=revision, files_metadata=True
             )
         files = {s.rfilename: s.size for s in (info.siblings or [])}
+        hashes = {}
+        for sibling in info.siblings or []:
+            lfs = getattr(sibling, "lfs", None)
+            sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
+            if sha256:
+                hashes[sibling.rfilename] = f"sha256:{sha256}"
+            elif getattr(sibling, "blob_id", None):
+                hashes[sibling.rfilename] = f"git-sha1:{sibling.blob_id}"
         if not info.sha:
             raise PardecError(f"the Hub did not say which commit {repo} is at")
-        return RepoListing(repo, revision or "main", info.sha, files)
+        return RepoListing(repo, revision or "main", info.sha, files, hashes)
 
     def download(self, repo: str, filename: str, commit: str, *, progress: bool) -> Path:
         """One file of `repo` at `commit` into the cache; returns its snapshot path.

@@ -25,7 +25,15 @@ from pardec_cli.store import hub, records
 from pardec_cli.store.catalog import CatalogEntry, entry_for_repo, lookup_alias, suggest_aliases
 from pardec_cli.store.embedded import EMBEDDED_ALIAS, EMBEDDED_REPO
 from pardec_cli.store.heads import model_key, trained_accelerators
-from pardec_cli.store.layout import MARKER_NAME, installed_models, is_complete, read_marker
+from pardec_cli.store.layout import (
+    MARKER_NAME,
+    clean_stale_scratch,
+    damaged_files,
+    installed_models,
+    is_complete,
+    read_marker,
+    scratch_prefix,
+)
 from pardec_cli.store.records import PullRecord, RepoRecord
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
@@ -118,11 +126,13 @@ def _store_summary(name: str) -> ModelSummary:
         size=_dir_size(path),
         accelerators=trained_accelerators(model_key(name)),
         last_used=records.last_used(name),
+        complete=not damaged_files(path),
     )
 
 
 def list_models() -> list[ModelSummary]:
     """Every model on this machine: pulled ones, then pardec's store, each by name."""
+    clean_stale_scratch(models_dir())  # what a killed import or rm left behind
     pulled = [_pulled_summary(r) for r in records.all_records()]
     stored = [_store_summary(n) for n in installed_models()]
     return sorted(pulled + stored, key=lambda m: (m.name.lower(), m.source))
@@ -228,7 +238,7 @@ def _catalog_accelerators(entry: CatalogEntry | None, pulled: list[dict[str, Any
         return []
     from pardec_cli.store.resolve import cached_snapshot
 
-    have = {a["repo"].lower() for a in pulled} | {a["name"].lower() for a in pulled}
+    have = {(a["repo"] or "").lower() for a in pulled} | {(a["name"] or "").lower() for a in pulled}
     rows = []
     for acc in entry.accelerators():
         other = lookup_alias(acc.ref)
@@ -311,6 +321,7 @@ class Removal:
     size: int
     run: Callable[[], int]
     kept: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # filled by `run`: what it refused to touch
 
 
 def _held_by_others(name: str) -> tuple[set[tuple[str, str, str, str]], dict[str, list[str]]]:
@@ -341,7 +352,7 @@ def _pulled_removal(record: PullRecord, hf_cache: bool) -> Removal:
     def run() -> int:
         records.delete(record)  # first: nothing points at files about to go
         records.forget(record.name, record.alias or "", record.target.repo)
-        freed = sum(release(rec, held) for rec in record.repos())
+        freed = sum(release(rec, held, removal.problems) for rec in record.repos())
         if hf_cache:
             freed += hub.remove_repo(record.target.repo, Path(record.target.cache))
         return freed
@@ -352,23 +363,41 @@ def _pulled_removal(record: PullRecord, hf_cache: bool) -> Removal:
         what += " with " + ", ".join(accelerators)
     if hf_cache:
         what += f", and its whole cache folder {hub.repo_dir(record.target.repo, Path(record.target.cache))}"
-    return Removal(record.name, what, size, run, kept)
+    removal = Removal(record.name, what, size, run, kept)
+    return removal
 
 
 def _store_removal(name: str) -> Removal:
     path = models_dir() / name
     marker = read_marker(path)
     kind = "the embedded model, converted again on next use" if name == EMBEDDED_ALIAS else f"{marker.get('source', 'store')} import"
+    # A store entry that is a link: the link goes, the folder it points to stays (and
+    # its bytes are not freed).
+    linked = path.is_symlink()
 
     def run() -> int:
-        size = _dir_size(path)
-        trash = Path(tempfile.mkdtemp(prefix=f".{name}.rm-", dir=path.parent))
+        size = 0 if linked else _dir_size(path)
+        trash = Path(tempfile.mkdtemp(prefix=scratch_prefix(name, "rm"), dir=path.parent))
         os.replace(path, trash / name)  # atomic: the model is gone at once, not half
         shutil.rmtree(trash, ignore_errors=True)
         records.forget(name)
         return size
 
+    if linked:
+        return Removal(name, f"{name} (a link to {path.resolve()}; only the link is removed)", 0, run)
     return Removal(name, f"{name} ({kind}, {path})", _dir_size(path), run)
+
+
+def _broken_record_removal(spec: str, file: Path) -> Removal:
+    """A pull record that is not valid: only the record goes (its file list cannot be trusted)."""
+
+    def run() -> int:
+        file.unlink(missing_ok=True)
+        records.forget(spec)
+        return 0
+
+    what = f"{spec} (a broken pull record {file}; the files it names are not touched)"
+    return Removal(spec, what, 0, run)
 
 
 def plan_removal(spec: str, *, hf_cache: bool = False) -> list[Removal]:
@@ -383,6 +412,9 @@ def plan_removal(spec: str, *, hf_cache: bool = False) -> list[Removal]:
     if spec and "/" not in spec and not spec.startswith(".") and (models_dir() / spec).is_dir():
         if is_complete(models_dir() / spec):
             plans.append(_store_removal(spec))
+    broken = records.broken_record_file(spec) if record is None else None
+    if broken is not None:
+        plans.append(_broken_record_removal(spec, broken))
     if plans:
         return plans
     entry = lookup_alias(spec)

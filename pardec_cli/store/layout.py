@@ -13,7 +13,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +44,23 @@ def is_complete(path: Path) -> bool:
     return (path / MARKER_NAME).is_file() and (path / "config.json").is_file()
 
 
+def damaged_files(path: Path) -> list[str]:
+    """Files the marker lists (name -> bytes) that are missing or not of that size.
+
+    Markers written before sizes were recorded list none: nothing to compare."""
+    sizes = read_marker(path).get("files")
+    if not isinstance(sizes, dict):
+        return []
+    bad = []
+    for name, size in sizes.items():
+        try:
+            if (path / str(name)).stat().st_size != size:
+                bad.append(str(name))
+        except OSError:
+            bad.append(str(name))
+    return bad
+
+
 def read_json_object(file: Path) -> dict[str, Any]:
     """A JSON object from `file` (empty when the file is missing, unreadable or not an object)."""
     try:
@@ -57,9 +76,87 @@ def read_marker(path: Path) -> dict[str, Any]:
 
 
 def write_marker(path: Path, **fields: Any) -> None:
-    """Write the marker file, which must be the last file written to a model directory."""
-    record = {"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}
+    """Write the marker file, which must be the last file written to a model directory.
+
+    It lists every file's size, so a file truncated or replaced later is noticed
+    (`damaged_files`)."""
+    from pardec_cli.store.records import now
+
+    sizes = {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
+    record = {"format": 1, "created": now(), **fields, "files": sizes}
     (path / MARKER_NAME).write_text(json.dumps(record, indent=2) + "\n", "utf-8")
+
+
+# Hidden siblings a store writer makes: ".NAME.tmp-PID-xxxx" (being built), ".NAME.old-PID-xxxx"
+# (being replaced), ".NAME.rm-PID-xxxx" (being removed). Older versions wrote no PID.
+_SCRATCH_RE = re.compile(r"\..+\.(?:tmp|old|rm)-(?:(\d+)-)?[^/]*")
+_UNOWNED_STALE_S = 3600.0  # a scratch folder without a PID counts as stale after an hour
+
+
+def scratch_prefix(name: str, kind: str) -> str:
+    """The prefix of a scratch sibling of `name` ("tmp", "old", "rm"), naming this process."""
+    return f".{name}.{kind}-{os.getpid()}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_stale_scratch(folder: Path) -> list[Path]:
+    """Remove scratch folders in `folder` left by a pardec that was killed; return them.
+
+    One whose process is still running is kept (a concurrent import), as is one without
+    a PID (from an older version) that changed in the last hour."""
+    removed = []
+    try:
+        entries = list(folder.iterdir()) if folder.is_dir() else []
+    except OSError:
+        return []
+    for entry in entries:
+        match = _SCRATCH_RE.fullmatch(entry.name)
+        if match is None or not entry.is_dir() or entry.is_symlink():
+            continue
+        pid = match.group(1)
+        try:
+            stale = not _alive(int(pid)) if pid else time.time() - entry.stat().st_mtime > _UNOWNED_STALE_S
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.exists():
+                removed.append(entry)
+    return removed
+
+
+@contextmanager
+def terminate_cleanly() -> Iterator[None]:
+    """Meanwhile, SIGTERM ends pardec like Ctrl-C does: through `finally` and `except`
+    blocks (so a half-built folder is removed), with exit status 143.
+
+    Python's default for SIGTERM is to die on the spot. Only the main thread can set
+    signal handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signal.SIGTERM)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def installed_models() -> list[str]:
@@ -88,7 +185,7 @@ def swap_into_place(tmp: Path, target: Path) -> None:
     """
     _apply_umask(tmp)
     if target.exists() or target.is_symlink():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        old = Path(tempfile.mkdtemp(prefix=scratch_prefix(target.name, "old"), dir=target.parent))
         os.replace(target, old / target.name)
         os.replace(tmp, target)
         shutil.rmtree(old, ignore_errors=True)
@@ -105,18 +202,28 @@ def staged_model_dir(name: str, *, overwrite: bool) -> Iterator[Path]:
     If a complete model of that name appears meanwhile (another process won the race),
     it is kept unless `overwrite`.
     """
+    from pardec_cli.statefile import fs_error
+
     root = models_dir()
-    root.mkdir(parents=True, exist_ok=True)
     target = root / check_model_name(name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
     try:
-        yield tmp
-        if not is_complete(tmp):
-            raise PardecError(f"internal error: {tmp} was not completed")
-        if is_complete(target) and not overwrite:
-            shutil.rmtree(tmp)
-            return
-        swap_into_place(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        root.mkdir(parents=True, exist_ok=True)
+        clean_stale_scratch(root)
+        tmp = Path(tempfile.mkdtemp(prefix=scratch_prefix(name, "tmp"), dir=root))
+    except OSError as exc:
+        raise fs_error(exc, f"writing to the model store {root}") from None
+    with terminate_cleanly():
+        try:
+            yield tmp
+            if not is_complete(tmp):
+                raise PardecError(f"internal error: {tmp} was not completed")
+            if is_complete(target) and not overwrite:
+                shutil.rmtree(tmp)
+                return
+            swap_into_place(tmp, target)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise fs_error(exc, f"building {target}") from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

@@ -155,6 +155,9 @@ def _load_config(path: Path, model_type: str) -> Any:
 
     try:
         return AutoConfig.from_pretrained(str(path))
+    except OSError as exc:
+        _check_still_there(path)
+        raise ModelLoadError(f"cannot read {path / 'config.json'}: {_first_line(exc)}", hint=_REDO_HINT) from None
     except (ValueError, KeyError):
         raise ModelLoadError(
             f"transformers cannot load architecture {model_type!r} ({path / 'config.json'})",
@@ -190,6 +193,7 @@ def load_model(
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
         except Exception as exc:
+            _check_still_there(path)
             raise ModelLoadError(
                 f"cannot load the tokenizer in {path}: {_first_line(exc)}",
                 hint="a model directory needs its tokenizer files "
@@ -199,7 +203,7 @@ def load_model(
         if device != "cpu":
             kwargs["device_map"] = device
         try:
-            model = _from_pretrained(AutoModelForCausalLM, path, kwargs)
+            model, info = _from_pretrained(AutoModelForCausalLM, path, {**kwargs, "output_loading_info": True})
         except torch.cuda.OutOfMemoryError:
             raise ModelLoadError(
                 f"not enough GPU memory to load {path.name} in {dtype}",
@@ -208,6 +212,7 @@ def load_model(
         except MemoryError:
             raise ModelLoadError(f"not enough memory to load {path.name} in {dtype}") from None
         except ValueError as exc:
+            _check_still_there(path)
             if "Unrecognized configuration class" in str(exc):
                 raise ModelLoadError(
                     f"transformers cannot load architecture {model_type!r} "
@@ -215,11 +220,43 @@ def load_model(
                 ) from None
             raise ModelLoadError(f"cannot load the model in {path}: {_first_line(exc)}") from None
         except Exception as exc:  # OSError, safetensors' SafetensorError, ...
+            _check_still_there(path)
             raise ModelLoadError(
                 f"cannot load the model in {path}: {_first_line(exc)}", hint=_REDO_HINT
             ) from None
+    check_loaded_weights(path, info)
     model.eval()
     return model, tokenizer
+
+
+def _check_still_there(path: Path) -> None:
+    """A load that failed because the model was removed meanwhile (`pardec rm` in another
+    terminal) says so, instead of transformers' guess that the path is a Hub id."""
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} was removed while it was loading", hint="pull or import the model again")
+
+
+def check_loaded_weights(path: Path, info: dict[str, Any]) -> None:
+    """Raise `ModelLoadError` when the weights did not fill the model exactly.
+
+    transformers fills a tensor the checkpoint lacks with random values and drops one the
+    model has no place for, with only a warning (hidden here): the model would then
+    generate garbage with exit status 0. `info` is from_pretrained's loading info.
+    """
+    missing = sorted(info.get("missing_keys") or ())
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ())
+    if not (missing or unexpected or mismatched):
+        return
+    parts = []
+    for label, names in (("missing", missing), ("unexpected", unexpected), ("of the wrong shape", mismatched)):
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            parts.append(f"{len(names)} {label} ({', '.join(names[:3])}{more})")
+    raise ModelLoadError(
+        f"the weights in {path} do not match its config.json: tensors " + "; ".join(parts),
+        hint="the model's files do not belong together: download or convert it again",
+    )
 
 
 def _from_pretrained(auto_class: Any, path: Path, kwargs: dict[str, Any]) -> Any:

@@ -13,8 +13,11 @@ by one, through `hub.HubClient`. So:
   without all its weights does not count as usable).
 
 Before any weight is downloaded, the architecture is checked against transformers and
-the free disk space against the bytes still missing; downloaded safetensors files have
-their headers and sizes checked. A failed check removes what this pull downloaded.
+the free disk space against the bytes still missing. Every file, downloaded now or found
+on disk, is checked against the size and hash the Hub lists (the LFS sha256, else the git
+blob id): a damaged file is deleted and fetched once more, so a later pull repairs what
+it finds damaged. Safetensors headers are checked too. A failed check removes what this
+pull downloaded.
 
 Accelerators (drafters, Medusa/EAGLE heads) come from the catalog; a drafter's tokenizer
 is compared with the target's and a head's config with the target's config; the result
@@ -236,15 +239,32 @@ def fetch_repo(
     client = hub.get_client()
     listing = hub.call(lambda: client.listing(repo, revision), repo, revision)
     cache = hub.cache_root()
+    hub.remove_stale_partials(repo, cache)  # what a killed pull left half-downloaded
     snap = hub.snapshot_dir(repo, listing.commit, cache)
     fetched = Fetched(RepoRecord(repo, listing.revision, listing.commit, str(cache.absolute())))
 
+    def download(name: str) -> Path:
+        return hub.call(lambda: client.download(repo, name, listing.commit, progress=progress), repo, revision)
+
     def get(name: str) -> Path:
+        """Download `name` unless present, and check it against the Hub's hash and size:
+        a file that fails is deleted and fetched once more, then it is an error."""
         existed = (snap / name).exists()
-        path = hub.call(
-            lambda: client.download(repo, name, listing.commit, progress=progress), repo, revision
-        )
-        if not existed:
+        path = download(name)
+        problem = hub.content_problem(path, listing.hashes.get(name), listing.files.get(name))
+        if problem is not None:
+            say(f"  {name} is damaged ({problem}): downloading it again")
+            hub.remove_snapshot_files(repo, listing.commit, [name], cache)
+            existed = False
+            path = download(name)
+            problem = hub.content_problem(path, listing.hashes.get(name), listing.files.get(name))
+            if problem is not None:
+                fetched.downloaded.append(name)
+                raise ModelLoadError(
+                    f"{name} of {repo} is corrupt after downloading it twice: {problem}",
+                    hint="try again later; if it persists, the repo's file is broken",
+                )
+        if not existed and name not in fetched.downloaded:
             fetched.downloaded.append(name)
             size = path.stat().st_size
             fetched.bytes += size
@@ -254,6 +274,14 @@ def fetch_repo(
 
     try:
         wanted = select_files(repo, listing.files, kind, lambda index: read_json(get(index)))
+        # Files already on disk are checked too (a pull after damage repairs it): by
+        # size and hash, as if just downloaded; a damaged one is fetched again.
+        for name in wanted:
+            if (snap / name).exists() and name not in fetched.downloaded:
+                problem = hub.content_problem(snap / name, listing.hashes.get(name), listing.files.get(name))
+                if problem is not None:
+                    say(f"  {name} is damaged ({problem}): downloading it again")
+                    hub.remove_snapshot_files(repo, listing.commit, [name], cache)
         missing = [name for name in wanted if not (snap / name).exists()]
         if missing:
             need = sum(listing.files.get(name) or 0 for name in missing)
@@ -443,10 +471,13 @@ def _referenced_elsewhere(name: str) -> set[tuple[str, str, str, str]]:
     return held
 
 
-def release(rec: RepoRecord, keep: set[tuple[str, str, str, str]]) -> int:
-    """Remove a repo record's files from the cache, except those in `keep`; bytes freed."""
+def release(rec: RepoRecord, keep: set[tuple[str, str, str, str]], problems: list[str] | None = None) -> int:
+    """Remove a repo record's files from the cache, except those in `keep`; bytes freed.
+
+    Entries that would lead out of the repo's cache folder are left alone and described
+    in `problems` (`hub.remove_snapshot_files`)."""
     names = [f for f in rec.files if (rec.cache, rec.repo.lower(), rec.commit, f) not in keep]
-    return hub.remove_snapshot_files(rec.repo, rec.commit, names, Path(rec.cache))
+    return hub.remove_snapshot_files(rec.repo, rec.commit, names, Path(rec.cache), problems)
 
 
 def pull_model(

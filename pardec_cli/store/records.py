@@ -12,15 +12,15 @@ only once the files they name are complete.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import time
+import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pardec_cli import statefile
 from pardec_cli.home import pardec_home
+from pardec_cli.statefile import MapOf, Optional, StateFileError
 
 FORMAT = 1
 
@@ -29,7 +29,18 @@ COMPATIBLE, INCOMPATIBLE, UNCHECKED = "compatible", "incompatible", "unchecked"
 
 
 def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    """This moment as an ISO 8601 stamp with its UTC offset (comparable across time zones)."""
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def parse_stamp(stamp: str) -> datetime | None:
+    """A stamp written by `now()` (or by older versions, "%Y-%m-%dT%H:%M:%S%z") as an aware
+    datetime; one without an offset is taken as local time. None when it is not a stamp."""
+    try:
+        moment = datetime.fromisoformat(stamp.strip())
+    except (ValueError, AttributeError):
+        return None
+    return moment if moment.tzinfo is not None else moment.astimezone()
 
 
 @dataclass
@@ -55,9 +66,21 @@ class RepoRecord:
         return Path(self.cache) / ("models--" + self.repo.replace("/", "--")) / "snapshots" / self.commit
 
     def present(self) -> bool:
-        """Whether every recorded file is still in the snapshot (links and blobs)."""
+        """Whether every recorded file is still in the snapshot (links and blobs), whole:
+        a file of another size than the pull recorded (truncated, replaced) does not count."""
+        return bool(self.files) and not self.damaged()
+
+    def damaged(self) -> list[str]:
+        """The recorded files that are missing or not of the recorded size."""
         snap = self.snapshot
-        return bool(self.files) and all((snap / name).exists() for name in self.files)
+        bad = []
+        for name, size in self.files.items():
+            try:
+                if (snap / name).stat().st_size != size:
+                    bad.append(name)
+            except OSError:
+                bad.append(name)
+        return bad
 
     @property
     def size(self) -> int:
@@ -103,6 +126,35 @@ class PullRecord:
         return wanted in {self.name.lower(), (self.alias or "").lower(), self.target.repo.lower()}
 
 
+_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def _commit(value: Any) -> str | None:
+    # A snapshot folder's name: one plain path component (a commit hash, as pulls write).
+    if isinstance(value, str) and value and not re.search(r"[/\\]", value) and value not in (".", ".."):
+        return None
+    return f"must be a commit hash, not {value!r}"
+
+
+def _repo(value: Any) -> str | None:
+    if isinstance(value, str) and _REPO.fullmatch(value) and ".." not in value:
+        return None
+    return f"must be a Hub id org/name, not {value!r}"
+
+
+REPO_SCHEMA = {
+    "repo": _repo, "revision": str, "commit": _commit, "cache": str,
+    "files": MapOf(statefile.relative_path, statefile.non_negative),
+    "kind": Optional(str), "name": Optional(str), "status": Optional(str), "detail": Optional(str),
+}  # fmt: skip
+RECORD_SCHEMA = {
+    "format": lambda v: None if v == FORMAT else f"must be {FORMAT}, not {v!r}",
+    "name": str, "alias": Optional(str), "target": REPO_SCHEMA, "accelerators": Optional([REPO_SCHEMA]),
+    "pulled_at": Optional(str), "updated_at": Optional(str),
+}  # fmt: skip
+USAGE_SCHEMA = MapOf(str, str)
+
+
 def records_dir() -> Path:
     return pardec_home() / "pulled"
 
@@ -111,41 +163,64 @@ def _file_for(name: str) -> Path:
     return records_dir() / (name.replace("/", "--").lower() + ".json")
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically: a temporary sibling, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _reset_hint(file: Path) -> str:
+    return f"`pardec rm {file.stem}` removes this record (the downloaded files stay in the Hugging Face cache)"
 
 
 def save(record: PullRecord) -> None:
+    """Write the record atomically, under its lock."""
     record.updated_at = now()
-    _write_json(_file_for(record.name), record.to_dict())
+    path = _file_for(record.name)
+    statefile.update_json(path, lambda _current: record.to_dict(), RECORD_SCHEMA, _reset_hint(path))
 
 
 def delete(record: PullRecord) -> None:
     _file_for(record.name).unlink(missing_ok=True)
 
 
-def all_records() -> list[PullRecord]:
-    """Every readable record, sorted by name (unreadable files are skipped)."""
+def read_record(file: Path) -> PullRecord:
+    """One record file, checked; `StateFileError` when it is broken."""
+    data = statefile.read_json(file, RECORD_SCHEMA, _reset_hint(file))
+    if data is None:
+        raise StateFileError(file, "it is gone", _reset_hint(file))
+    return PullRecord.from_dict(data)
+
+
+def scan_records() -> tuple[list[PullRecord], list[StateFileError]]:
+    """(valid records sorted by name, one error per broken record file)."""
     folder = records_dir()
     if not folder.is_dir():
-        return []
-    found = []
+        return [], []
+    found, broken = [], []
     for file in sorted(folder.glob("*.json")):
         try:
-            found.append(PullRecord.from_dict(json.loads(file.read_text("utf-8"))))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return sorted(found, key=lambda r: r.name.lower())
+            found.append(read_record(file))
+        except StateFileError as exc:
+            if file.exists():
+                broken.append(exc)
+    return sorted(found, key=lambda r: r.name.lower()), broken
+
+
+def all_records() -> list[PullRecord]:
+    """Every valid record, sorted by name (broken ones: `broken_records`)."""
+    return scan_records()[0]
+
+
+def broken_records() -> list[StateFileError]:
+    """What is wrong with each record file that is not valid (`pardec list` warns)."""
+    return scan_records()[1]
+
+
+def broken_record_file(spec: str) -> Path | None:
+    """The record file `spec` would name, when it exists but is not a valid record."""
+    file = _file_for(spec.strip())
+    if not file.is_file() or file.parent != records_dir():
+        return None
+    try:
+        read_record(file)
+    except StateFileError:
+        return file
+    return None
 
 
 def find(spec: str) -> PullRecord | None:
@@ -160,41 +235,58 @@ def _usage_file() -> Path:
     return pardec_home() / "usage.json"
 
 
+_USAGE_RESET = "delete it: it only holds when each model was last used"
+
+
 def usage() -> dict[str, str]:
-    """Model name (lower-case) -> when it was last used."""
+    """Model name (lower-case) -> when it was last used (empty when the file is broken)."""
     try:
-        data = json.loads(_usage_file().read_text("utf-8"))
-    except (OSError, ValueError):
+        return statefile.read_json(_usage_file(), USAGE_SCHEMA, _USAGE_RESET) or {}
+    except StateFileError:
         return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _update_usage(change: Any) -> None:
+    """Merge a change into usage.json under its lock (best effort: it is only a convenience)."""
+
+    def merged(current: Any) -> dict[str, str]:
+        data = dict(current or {})
+        change(data)
+        return data
+
+    try:
+        statefile.update_json(_usage_file(), merged, USAGE_SCHEMA, _USAGE_RESET)
+    except (OSError, statefile.PardecError):
+        pass
 
 
 def touch(*names: str) -> None:
     """Record that the model known by `names` was used now (best effort)."""
-    try:
-        data = usage()
-        stamp = now()
+    stamp = now()
+
+    def change(data: dict[str, str]) -> None:
         for name in names:
             if name:
                 data[name.lower()] = stamp
-        _write_json(_usage_file(), data)
-    except OSError:
-        pass
+
+    _update_usage(change)
 
 
 def forget(*names: str) -> None:
     """Drop the usage entries of a removed model (best effort)."""
-    try:
-        data = usage()
-        if any(n.lower() in data for n in names):
-            for name in names:
-                data.pop(name.lower(), None)
-            _write_json(_usage_file(), data)
-    except OSError:
-        pass
+    if not any(n and n.lower() in usage() for n in names):
+        return
+
+    def change(data: dict[str, str]) -> None:
+        for name in names:
+            data.pop(name.lower(), None)
+
+    _update_usage(change)
 
 
 def last_used(*names: str) -> str | None:
+    """The latest stamp among `names`' usage entries (compared as moments, not text)."""
     data = usage()
-    stamps = [data[n.lower()] for n in names if n and n.lower() in data]
-    return max(stamps) if stamps else None
+    stamps = [(moment, data[n.lower()]) for n in names if n and n.lower() in data
+              if (moment := parse_stamp(data[n.lower()])) is not None]  # fmt: skip
+    return max(stamps)[1] if stamps else None

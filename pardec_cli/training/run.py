@@ -13,7 +13,6 @@ training gets what is left.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ from pardec_cli.heads.eagle import EagleDrafter, eagle3_feature_layers, init_sca
 from pardec_cli.heads.files import load_tensors
 from pardec_cli.heads.medusa import MedusaHeads, save_medusa
 from pardec_cli.heads.vocab import DraftVocab
+from pardec_cli.store import records
 from pardec_cli.store.heads import HEAD_KINDS, MARKER_NAME, heads_root, read_marker, replace_dir, trained_heads_dir
 from pardec_cli.training.corpus import TrainingSequence, distill, distill_cache_file, read_corpus, text_sequences
 from pardec_cli.training.features import compute_features, features_cache_file, weights_fingerprint
@@ -270,7 +270,7 @@ def _save(
     target = session.target
     base_model = session.model_repo or session.model_name
     marker = {
-        "format": 1, "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta,
+        "format": 1, "kind": kind, "created": records.now(), **meta,
         "steps": state.step, "train_seconds": round(state.seconds, 1), "loss": state.loss,
         "interrupted": state.interrupted, "finished": state.finished, "eval": state.evaluation,
         "best_step": state.best_step,

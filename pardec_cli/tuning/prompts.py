@@ -34,9 +34,9 @@ def builtin_prompts(profile: str) -> list[TunePrompt]:
 def file_prompts(path: Path) -> list[TunePrompt]:
     """Prompts from a JSONL file in any format `pardec gen --prompts` reads."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PardecUsageError(f"cannot read {path}: {exc}") from None
+        lines = path.read_bytes().decode("utf-8", "replace").splitlines()  # clean_text's rule
+    except OSError as exc:
+        raise PardecUsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     prompts = _parse(lines, str(path))
     if not prompts:
         raise PardecUsageError(f"{path} holds no prompts")

@@ -8,7 +8,8 @@ the file whose model fingerprint, device and dtype match the loaded model exactl
 file for the same model on another device or dtype, or for another version of the
 model (different weights), is never used, and `--explain` says so.
 
-Torch-free; written atomically (temporary file, rename).
+Torch-free; checked against a schema when read (`RESULTS_SCHEMA`), written atomically
+(temporary file, rename) under a lock, merging what another tune wrote meanwhile.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ import json
 import os
 import re
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pardec_cli import __version__
+from pardec_cli import __version__, statefile
 from pardec_cli.costmodel import CostCurve
 from pardec_cli.errors import PardecError
 from pardec_cli.home import pardec_home
+from pardec_cli.statefile import MapOf, Optional, StateFileError, check_shape
+from pardec_cli.store.records import now
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -157,18 +158,29 @@ def results_path(model: str, fingerprint: str, device: str, dtype: str) -> Path:
     return tuned_dir() / f"{slug}--{key}.toml"
 
 
-def all_results() -> list[TunedResults]:
-    """Every readable results file (unreadable ones are skipped: `tune --show` names them)."""
+def scan_results() -> tuple[list[TunedResults], list[PardecError]]:
+    """(every valid results file, one error per file that is not valid)."""
     folder = tuned_dir()
     if not folder.is_dir():
-        return []
-    found = []
+        return [], []
+    found, broken = [], []
     for path in sorted(folder.glob("*.toml")):
         try:
             found.append(read_results(path))
-        except PardecError:
-            continue
-    return found
+        except PardecError as exc:
+            if path.exists():
+                broken.append(exc)
+    return found, broken
+
+
+def all_results() -> list[TunedResults]:
+    """Every valid results file (broken ones are skipped: `tune --show` names them)."""
+    return scan_results()[0]
+
+
+def broken_results() -> list[PardecError]:
+    """What is wrong with each results file that is not valid."""
+    return scan_results()[1]
 
 
 def find_results(fingerprint: str, device: str, dtype: str) -> TunedResults | None:
@@ -178,7 +190,7 @@ def find_results(fingerprint: str, device: str, dtype: str) -> TunedResults | No
 
 def unusable_results(model: str, fingerprint: str, device: str, dtype: str) -> list[str]:
     """Why results that look related (same model name or same weights) do not apply here."""
-    notes = []
+    notes = [f"{exc.message}: not used ({exc.hint})" for exc in broken_results()]
     for r in all_results():
         if r.matches(fingerprint, device, dtype) or (r.model != model and r.fingerprint != fingerprint):
             continue
@@ -192,24 +204,69 @@ def unusable_results(model: str, fingerprint: str, device: str, dtype: str) -> l
     return notes
 
 
+def _run_row(row: Any) -> str | None:
+    kinds = (str, str, int, float, int, int, float, bool)
+    if not isinstance(row, list) or len(row) != len(kinds):
+        return f"must be a list of {len(kinds)} values ({', '.join(RUN_FIELDS)})"
+    for field_name, kind, value in zip(RUN_FIELDS, kinds, row):
+        problem = check_shape(value, kind, field_name)
+        if problem:
+            return problem
+    return None
+
+
+def _curve_points(value: Any) -> str | None:
+    if not isinstance(value, dict) or not value:
+        return "must be a table of tokens = milliseconds"
+    for n, ms in value.items():
+        if not str(n).isdigit() or int(n) < 1:
+            return f"{n!r} is not a number of tokens"
+        if check_shape(ms, float) or ms <= 0:
+            return f"{n}: must be a positive number of milliseconds, not {ms!r}"
+    return None
+
+
+_CANDIDATE_SCHEMA = {
+    "method": str, "knobs": Optional(dict), "tokens_per_step": float, "drafted": float, "draft_ms": float,
+    "tokens_per_s": float, "speedup": float, "prompts": int, "matched": int, "round": Optional(int),
+}  # fmt: skip
+_PROFILE_SCHEMA = {
+    "complete": Optional(bool), "prompts": Optional(str), "max_new_tokens": Optional(int),
+    "budget_s": Optional(float), "spent_s": Optional(float), "best": Optional(str),
+    "candidates": Optional([_CANDIDATE_SCHEMA]),
+}  # fmt: skip
+RESULTS_SCHEMA = {
+    "format": lambda v: None if v == FORMAT else f"must be {FORMAT}, not {v!r}",
+    "model": str, "fingerprint": str, "device": str, "dtype": str,
+    "updated": Optional(str), "pardec_version": Optional(str),
+    "curve": Optional({"source": str, "ms": _curve_points}),
+    "profiles": Optional(MapOf(str, _PROFILE_SCHEMA)),
+    "runs": Optional(MapOf(str, [_run_row])),
+}  # fmt: skip
+_RESET = "pardec tune --reset removes it"
+
+
 def read_results(path: Path) -> TunedResults:
-    """Parse one results file; a broken one is a `PardecError` naming it."""
+    """Parse one results file; a broken one (syntax or shape) is a `PardecError` naming it."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise PardecError(f"cannot read tuned results {path}: {exc}", hint="pardec tune --reset removes it") from None
+        raise StateFileError(path, f"cannot read it ({exc})", _RESET) from None
+    problem = check_shape(data, RESULTS_SCHEMA)
+    if problem:
+        raise StateFileError(path, problem, _RESET)
     try:
-        if data.get("format") != FORMAT:
-            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
         curve_data = data.get("curve")
         curve = None
         if curve_data:
             curve = CostCurve.from_mapping({int(n): float(ms) for n, ms in curve_data["ms"].items()}, str(curve_data["source"]))
+        fields = set(TunedCandidate.__dataclass_fields__)
         profiles = {}
         for name, table in data.get("profiles", {}).items():
             profiles[name] = TunedProfile(
                 name=name,
-                candidates=[TunedCandidate(**{**c, "knobs": dict(c.get("knobs", {}))}) for c in table.get("candidates", [])],
+                candidates=[TunedCandidate(**{**{k: v for k, v in c.items() if k in fields}, "knobs": dict(c.get("knobs", {}))})
+                            for c in table.get("candidates", [])],
                 best=table.get("best") or None,
                 complete=bool(table.get("complete", False)),
                 prompts=str(table.get("prompts", "built-in")),
@@ -224,25 +281,30 @@ def read_results(path: Path) -> TunedResults:
             pardec_version=str(data.get("pardec_version", "")), path=path,
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise PardecError(f"tuned results {path} are not in the expected form ({exc})",
-                          hint="pardec tune --reset removes them") from None
+        raise StateFileError(path, f"not in the expected form ({exc})", _RESET) from None
 
 
 def write_results(results: TunedResults) -> Path:
-    """Save `results` (atomically) to its file; returns the path."""
+    """Save `results` to its file, atomically, under the file's lock; returns the path.
+
+    Another `pardec tune` may have written the same file meanwhile (another profile of
+    the same model): the profiles and curve it saved and this run did not measure are
+    kept, so concurrent tunes both keep their results.
+    """
     path = results.path or results_path(results.model, results.fingerprint, results.device, results.dtype)
     results.path = path
-    results.updated = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    text = to_toml(results)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with statefile.locked(path):
+        try:
+            theirs = read_results(path) if path.exists() else None
+        except PardecError:
+            theirs = None  # a broken file is replaced
+        if theirs is not None and theirs.matches(results.fingerprint, results.device, results.dtype):
+            for name, profile in theirs.profiles.items():
+                results.profiles.setdefault(name, profile)
+            if results.curve is None:
+                results.curve = theirs.curve
+        results.updated = now()
+        statefile.atomic_write(path, to_toml(results))
     return path
 
 
