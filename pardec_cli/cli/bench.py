@@ -21,12 +21,16 @@ from pardec_cli.cli.output import loading_status
               "auto chooses per prompt, as `pardec gen` does.")
 @click.option("--limit-per-category", type=click.IntRange(min=1), default=None, help="Use the first N prompts of each category.")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens per prompt.")
-@click.option("--baseline-hf", is_flag=True, help="Add Hugging Face generate() greedy (and its prompt lookup when pld is benchmarked).")
+@click.option("--baseline", "baseline_text", default=None, metavar="LIST",
+              help="Peers to measure against, comma-separated: hf = Hugging Face generate() greedy on the same model "
+              "and dtype (plus its prompt lookup when pld is benchmarked); llamacpp = llama.cpp greedy on the model's "
+              "GGUF file (needs `pip install 'pardec[peers]'`).")
+@click.option("--baseline-hf", is_flag=True, help="Same as --baseline hf.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the results as JSON to this file ('-' for stdout).")
 @profile_option
 @model_options
-def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int, baseline_hf: bool,
-          json_out: Path | None, profile: str, model: str | None, dtype: str, device: str, offline: bool | None) -> None:
+def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int,
+          baseline_text: str | None, baseline_hf: bool, json_out: Path | None, profile: str, model: str | None, dtype: str, device: str, offline: bool | None) -> None:
     """Benchmark decoding methods on a prompt set, side by side on one loaded model.
 
     Methods run interleaved prompt by prompt after a warm-up, so machine drift hits
@@ -34,24 +38,48 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     `vanilla` and over Hugging Face generate() (same model and dtype), mean tokens per
     decoding step, draft acceptance, and the share of outputs identical to `vanilla`'s.
 
+    Baselines run interleaved with the methods on the same prompt token ids, greedy,
+    with the same token budget. llama.cpp runs the GGUF file the model came from (the
+    embedded model's, or the one `pardec import` converted) with as many threads as
+    pardec, in a worker process; the report names its version and settings, and says
+    so when a crash made it fall back to n_batch=1.
+
     \b
     Example:
       pardec bench --prompts ../shared/bench/spec_bench_dev.jsonl --limit-per-category 5 \\
           --methods 'vanilla,pld,layerskip[layer_list=0-9,20-29]' --baseline-hf --dtype bfloat16
+      pardec bench --prompts ../shared/bench/code_edit_dev.jsonl --limit-per-category 1 -n 64 \\
+          --methods auto,vanilla --baseline hf,llamacpp
     """
     from pardec_cli.bench import (
-        Bench, format_auto_choices, format_tables, limit_per_category as limit, load_prompts, parse_methods, report_json,
-        summarize,
+        Bench, limit_per_category as limit, load_prompts, make_baselines, parse_baselines, parse_methods,
     )
     from pardec_cli.cli.gen import load_profiles_checked
     from pardec_cli.session import Session
 
     choices = parse_methods(methods_text)
+    baseline_names = parse_baselines(("hf," if baseline_hf else "") + (baseline_text or ""))
+    if "llamacpp" in baseline_names:
+        from pardec_cli.peers.llamacpp import require_installed
+
+        require_installed()  # before the model loads: say it at once
     load_profiles_checked(profile)
     prompts = limit(load_prompts(prompts_path), limit_per_category)
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True)
-    runner = Bench(session, choices, max_new_tokens=max_tokens, baseline_hf=baseline_hf, profile=profile)
+    baselines = make_baselines(baseline_names, session, choices)
+    with Bench(session, choices, max_new_tokens=max_tokens, baselines=baselines, profile=profile) as runner:
+        runs = _run(runner, prompts, max_tokens)
+        _report(runner, runs, json_out, {
+            "prompts": str(prompts_path), "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,
+            "model": session.model_name, "dtype": session.dtype, "device": session.device, "methods": runner.labels,
+            "profile": profile, "baselines": runner.baseline_settings(),
+        })
+
+
+def _run(runner, prompts, max_tokens: int) -> list:
+    """Run the benchmark with a progress line on stderr."""
+    session = runner.session
     click.echo(
         f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
         f"{session.model_name} {session.dtype} on {session.device}, {max_tokens} new tokens",
@@ -72,6 +100,13 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     runs = runner.run(prompts, progress)
     if tty:
         click.echo("\r\033[K", err=True, nl=False)
+    return runs
+
+
+def _report(runner, runs: list, json_out: Path | None, config: dict) -> None:
+    """The tables, auto's choices and the baselines' settings; the JSON document when asked."""
+    from pardec_cli.bench import format_auto_choices, format_tables, report_json, summarize
+
     table = summarize(runs, runner.labels)
     # With `--json -` stdout holds only the JSON document; the tables go to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
@@ -79,12 +114,9 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     auto_choices = format_auto_choices(runs)
     if auto_choices:
         click.echo(auto_choices, err=to_stderr)
+    for line in runner.describe_baselines():
+        click.echo(line, err=to_stderr)
     if json_out is not None:
-        config = {
-            "prompts": str(prompts_path), "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,
-            "model": session.model_name, "dtype": session.dtype, "device": session.device, "methods": runner.labels,
-            "profile": profile,
-        }
         document = json.dumps(report_json(table, runs, config), indent=1)
         if str(json_out) == "-":
             click.echo(document)
