@@ -207,6 +207,7 @@ def weight_bytes(model: Any) -> int:
 
     Every parameter and buffer once (tied weights are one tensor), less the input
     embedding when the output layer does not share it: a lookup reads a few of its rows.
+    The KV cache a forward also reads is left out (small at a few hundred tokens).
     """
     seen: set[int] = set()
     total = 0
@@ -245,11 +246,14 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any]) -> dict
     not here, or does not load, leaves its part out with a `problem`.
     """
     from pardec_cli.errors import PardecError
-    from pardec_cli.hardware import measure_memory_bandwidth
+    from pardec_cli.hardware import COPY_TEST_BYTES, COPY_TEST_REPEATS, measure_memory_bandwidth
 
     bandwidth = measure_memory_bandwidth(hardware.device)
-    report: dict[str, Any] = {"device": hardware.device, "bandwidth_gbs": round(bandwidth, 2),
-                              "bandwidth_source": "copy test, best of a few copies"}
+    report: dict[str, Any] = {
+        "device": hardware.device, "bandwidth_gbs": round(bandwidth, 2),
+        "bandwidth_source": f"copy test: best of {COPY_TEST_REPEATS} copies of {COPY_TEST_BYTES >> 20} MiB, "
+                            "bytes read + written",
+    }
     if model.get("problem"):
         report["problem"] = model["problem"]
         return report

@@ -103,5 +103,6 @@ def test_doctor_for_a_model_that_is_not_here_still_measures_the_bandwidth(bandwi
     result = invoke(["doctor", "-m", "qwen2.5-7b"])
     assert result.exit_code == 0, result.stderr
     tail = result.stdout.splitlines()[-3:]
-    assert tail == ["floor of qwen2.5-7b", "  memory        10.0 GB/s on cpu (copy test, best of a few copies)",
+    assert tail == ["floor of qwen2.5-7b", "  memory        10.0 GB/s on cpu (copy test: best of 5 copies of 256 MiB, "
+                    "bytes read + written)",
                     "  qwen2.5-7b is not on this machine (`pardec pull qwen2.5-7b`)"]
