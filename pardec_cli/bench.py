@@ -5,6 +5,10 @@ drift of a noisy machine hits every method alike; results are reported as ratios
 measured in the same run. Output tokens of every method are compared with `vanilla`'s
 (the match rate: 100% expected in float32; bf16 batched verification may round
 differently after a near-tie).
+
+Baselines are what pardec is measured against, run interleaved in the same way on the
+same prompt token ids: Hugging Face `generate()` on the loaded model itself (`hf`), and
+llama.cpp on the model's GGUF file (`llamacpp`, an optional extra).
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ from pardec_cli.errors import PardecUsageError
 
 HF_GREEDY = "hf"
 HF_PROMPT_LOOKUP = "hf-pld"
+LLAMA_CPP = "llama.cpp"
+# --baseline names -> what they run.
+BASELINES = {
+    "hf": "Hugging Face generate() greedy on the same model and dtype (and its prompt lookup when pld is benchmarked)",
+    "llamacpp": "llama.cpp greedy on the model's GGUF file, in a worker process (pip install 'pardec[peers]')",
+}
 OVERALL = "overall"
 AUTO = "auto"  # not a method: chosen per prompt by pardec_cli.select
 
@@ -142,83 +152,55 @@ def parse_methods(text: str) -> list[MethodChoice]:
     return choices
 
 
-class Bench:
-    """Runs methods (and optional Hugging Face baselines) over prompts on one loaded model."""
+def parse_baselines(text: str | None) -> list[str]:
+    """'hf,llamacpp' -> ['hf', 'llamacpp'] (order kept, repeats dropped); unknown names are usage errors."""
+    names: list[str] = []
+    for name in (text or "").split(","):
+        name = name.strip().lower().replace("llama.cpp", "llamacpp")
+        if not name:
+            continue
+        if name not in BASELINES:
+            raise PardecUsageError(f"unknown baseline {name!r}", hint=f"choose from: {', '.join(BASELINES)}")
+        if name not in names:
+            names.append(name)
+    return names
 
-    def __init__(self, session: Any, choices: Sequence[MethodChoice], *, max_new_tokens: int, baseline_hf: bool,
-                 profile: str = "auto") -> None:
-        from pardec_cli.methods.registry import get_spec
 
-        for choice in choices:
-            if choice.name != AUTO:
-                get_spec(choice.name)  # fail fast on an unknown name
-        if "vanilla" not in [c.label for c in choices]:
-            choices = [MethodChoice("vanilla", "vanilla"), *choices]
+class Baseline:
+    """A peer pardec is measured against: it runs prompt token ids under its `labels`.
+
+    `start` is called once with every prompt before the warm-up, `close` at the end;
+    `describe` gives the report's lines about the settings it used, `settings` the same
+    for the JSON document.
+    """
+
+    labels: tuple[str, ...] = ()
+
+    def start(self, prompts: Sequence[list[int]], max_new_tokens: int) -> None:
+        """Prepare for these prompts (all of them, known before the first run)."""
+
+    def run(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
+        """Generate greedily from `ids`; the run, timed like pardec's (prompt included)."""
+        raise NotImplementedError
+
+    def describe(self) -> list[str]:
+        return []
+
+    def settings(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        """Release what `start` took (a worker process)."""
+
+
+class HFBaseline(Baseline):
+    """Hugging Face `generate()` greedy (and its prompt lookup) on the session's own model."""
+
+    def __init__(self, session: Any, *, prompt_lookup: bool = False) -> None:
         self.session = session
-        self.max_new_tokens = max_new_tokens
-        self.proposers = {c.label: session.build_proposer(c.name, c.options) for c in choices if c.name != AUTO}
-        self.labels = [c.label for c in choices]
-        # `auto` chooses per prompt (for `profile`, detected from the prompt when "auto"),
-        # through the same selector `pardec gen` uses; each choice is built once.
-        self.profile = profile
-        self.selector = None
-        if any(c.name == AUTO for c in choices):
-            from pardec_cli.select import AutoSelector
+        self.labels = (HF_GREEDY, HF_PROMPT_LOOKUP) if prompt_lookup else (HF_GREEDY,)
 
-            self.selector = AutoSelector.for_session(session)
-        self._auto_choices: dict[str, Any] = {}
-        if baseline_hf:
-            self.labels.append(HF_GREEDY)
-            if any(c.name == "pld" for c in choices):
-                self.labels.append(HF_PROMPT_LOOKUP)
-        self.runs: list[Run] = []
-
-    def run(self, prompts: Sequence[BenchPrompt], progress: Callable[[int, int, BenchPrompt], None] | None = None) -> list[Run]:
-        """Warm up, then run every method on every prompt, interleaved."""
-        encoded = [(p, self.session.encode(p.text)) for p in prompts]
-        self.session.target.warm()  # compile the steps first (compiled runner): never inside a timed run
-        if encoded:
-            for label in self.labels:  # warm-up: allocator, kernels, caches
-                self._run_one(label, encoded[0][0], encoded[0][1], max_new_tokens=8)
-        total = len(encoded) * len(self.labels)
-        done = 0
-        for index, (prompt, ids) in enumerate(encoded):
-            shift = index % len(self.labels)
-            for label in self.labels[shift:] + self.labels[:shift]:
-                self.runs.append(self._run_one(label, prompt, ids, self.max_new_tokens))
-                done += 1
-                if progress:
-                    progress(done, total, prompt)
-        return self.runs
-
-    def _run_one(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
-        if label in (HF_GREEDY, HF_PROMPT_LOOKUP):
-            return self._run_hf(label, prompt, ids, max_new_tokens)
-        chosen = None
-        if label == AUTO:
-            # Choosing is part of what auto costs: it is timed with the generation.
-            start = perf_counter()
-            proposer, chosen = self._auto_proposer(prompt.text)
-        else:
-            proposer = self.proposers[label]
-            start = perf_counter()
-        stream = self.session.stream(ids, max_new_tokens=max_new_tokens, proposer=proposer)
-        for _ in stream:
-            pass
-        seconds = perf_counter() - start
-        s = stream.stats
-        return Run(label, prompt.prompt_id, prompt.category, s.generated_tokens, seconds, s.steps,
-                   s.drafted_tokens, s.accepted_tokens, stream.token_ids, chosen)
-
-    def _auto_proposer(self, text: str) -> tuple[Any, str]:
-        """auto's proposer for this prompt, and the label of what it chose."""
-        assert self.selector is not None
-        choice = self.selector.choose(text, self.profile)
-        if choice.label not in self._auto_choices:
-            self._auto_choices[choice.label] = self.session.build_proposer(choice.method, choice.knobs)
-        return self._auto_choices[choice.label], choice.label
-
-    def _run_hf(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
+    def run(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
         import torch
 
         model = self.session.target.model
@@ -243,6 +225,177 @@ class Bench:
         steps = max(len(new) - 1, 0) if label == HF_GREEDY else 0
         return Run(label, prompt.prompt_id, prompt.category, len(new), seconds, steps, 0, 0, new)
 
+    def settings(self) -> dict[str, Any]:
+        return {"engine": "transformers generate()", "dtype": self.session.dtype, "device": self.session.device}
+
+
+class LlamaCppBaseline(Baseline):
+    """llama.cpp on the GGUF file the session's model came from, fed the same token ids.
+
+    Greedy, the same `max_new_tokens`, as many threads as torch uses (`n_threads`), in a
+    worker process (`pardec_cli.peers.llamacpp`). Raises `PeerError` when llama-cpp-python
+    is not installed or the model has no GGUF file. `command` replaces the worker (tests).
+    """
+
+    labels = (LLAMA_CPP,)
+
+    def __init__(self, session: Any, *, n_threads: int | None = None, command: Sequence[str] | None = None) -> None:
+        from pardec_cli.peers.llamacpp import find_gguf, require_installed
+
+        if command is None:
+            require_installed()
+        self.session = session
+        self.gguf = find_gguf(session.model_name, source=session.model_source, path=session.model_path)
+        if n_threads is None:
+            import torch
+
+            n_threads = torch.get_num_threads()  # pardec's own thread count: the same cores for both
+        self.n_threads = n_threads
+        self.command = command
+        self.engine: Any = None
+
+    def start(self, prompts: Sequence[list[int]], max_new_tokens: int) -> None:
+        from pardec_cli.errors import PeerError
+        from pardec_cli.peers.llamacpp import LlamaCpp
+
+        longest = max((len(ids) for ids in prompts), default=0)
+        # Room for the longest prompt and its answer, in llama.cpp's 256-token steps.
+        n_ctx = -(-(longest + max_new_tokens + 8) // 256) * 256
+        self.engine = LlamaCpp(self.gguf, n_ctx=n_ctx, n_threads=self.n_threads, command=self.command)
+        self.engine.start()
+        vocab, ours = self.engine.info.get("n_vocab"), len(self.session.tokenizer)
+        if isinstance(vocab, int) and vocab < ours:
+            raise PeerError(f"{self.gguf.name} has {vocab} tokens and {self.session.model_name}'s tokenizer {ours}: "
+                            "llama.cpp cannot be fed the same token ids")
+
+    def run(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
+        generation = self.engine.generate(ids, max_new_tokens, stop=sorted(self.session.eos_token_ids))
+        new = generation.tokens
+        # One decode per token after the first, like greedy generate().
+        return Run(label, prompt.prompt_id, prompt.category, len(new), generation.seconds, max(len(new) - 1, 0), 0, 0,
+                   new)
+
+    def describe(self) -> list[str]:
+        return self.engine.describe() if self.engine is not None else []
+
+    def settings(self) -> dict[str, Any]:
+        return self.engine.settings() if self.engine is not None else {"engine": "llama.cpp", "model": str(self.gguf)}
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+def make_baselines(names: Sequence[str], session: Any, choices: Sequence[MethodChoice]) -> list[Baseline]:
+    """The baselines `names` (from `parse_baselines`) for `session`, in order."""
+    made: list[Baseline] = []
+    for name in names:
+        if name == "hf":
+            made.append(HFBaseline(session, prompt_lookup=any(c.name == "pld" for c in choices)))
+        elif name == "llamacpp":
+            made.append(LlamaCppBaseline(session))
+    return made
+
+
+class Bench:
+    """Runs methods (and baselines: `make_baselines`) over prompts on one loaded model.
+
+    Close it (or use it in a `with`) to stop the baselines' workers.
+    """
+
+    def __init__(self, session: Any, choices: Sequence[MethodChoice], *, max_new_tokens: int,
+                 baselines: Sequence[Baseline] = (), profile: str = "auto") -> None:
+        from pardec_cli.methods.registry import get_spec
+
+        for choice in choices:
+            if choice.name != AUTO:
+                get_spec(choice.name)  # fail fast on an unknown name
+        if "vanilla" not in [c.label for c in choices]:
+            choices = [MethodChoice("vanilla", "vanilla"), *choices]
+        self.session = session
+        self.max_new_tokens = max_new_tokens
+        self.proposers = {c.label: session.build_proposer(c.name, c.options) for c in choices if c.name != AUTO}
+        self.labels = [c.label for c in choices]
+        # `auto` chooses per prompt (for `profile`, detected from the prompt when "auto"),
+        # through the same selector `pardec gen` uses; each choice is built once.
+        self.profile = profile
+        self.selector = None
+        if any(c.name == AUTO for c in choices):
+            from pardec_cli.select import AutoSelector
+
+            self.selector = AutoSelector.for_session(session)
+        self._auto_choices: dict[str, Any] = {}
+        self.baselines = list(baselines)
+        self._baseline_of = {label: b for b in self.baselines for label in b.labels}
+        self.labels += list(self._baseline_of)
+        self.runs: list[Run] = []
+
+    def run(self, prompts: Sequence[BenchPrompt], progress: Callable[[int, int, BenchPrompt], None] | None = None) -> list[Run]:
+        """Warm up, then run every method on every prompt, interleaved."""
+        encoded = [(p, self.session.encode(p.text)) for p in prompts]
+        self.session.target.warm()  # compile the steps first (compiled runner): never inside a timed run
+        for baseline in self.baselines:
+            baseline.start([ids for _, ids in encoded], self.max_new_tokens)
+        if encoded:
+            for label in self.labels:  # warm-up: allocator, kernels, caches
+                self._run_one(label, encoded[0][0], encoded[0][1], max_new_tokens=8)
+        total = len(encoded) * len(self.labels)
+        done = 0
+        for index, (prompt, ids) in enumerate(encoded):
+            shift = index % len(self.labels)
+            for label in self.labels[shift:] + self.labels[:shift]:
+                self.runs.append(self._run_one(label, prompt, ids, self.max_new_tokens))
+                done += 1
+                if progress:
+                    progress(done, total, prompt)
+        return self.runs
+
+    def describe_baselines(self) -> list[str]:
+        """The baselines' lines for the report: the settings they ran with, what happened."""
+        return [line for b in self.baselines for line in b.describe()]
+
+    def baseline_settings(self) -> dict[str, Any]:
+        """label -> settings, for the JSON document."""
+        return {label: b.settings() for b in self.baselines for label in b.labels}
+
+    def close(self) -> None:
+        """Stop the baselines' workers."""
+        for baseline in self.baselines:
+            baseline.close()
+
+    def __enter__(self) -> Bench:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run_one(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
+        if label in self._baseline_of:
+            return self._baseline_of[label].run(label, prompt, ids, max_new_tokens)
+        chosen = None
+        if label == AUTO:
+            # Choosing is part of what auto costs: it is timed with the generation.
+            start = perf_counter()
+            proposer, chosen = self._auto_proposer(prompt.text)
+        else:
+            proposer = self.proposers[label]
+            start = perf_counter()
+        stream = self.session.stream(ids, max_new_tokens=max_new_tokens, proposer=proposer)
+        for _ in stream:
+            pass
+        seconds = perf_counter() - start
+        s = stream.stats
+        return Run(label, prompt.prompt_id, prompt.category, s.generated_tokens, seconds, s.steps,
+                   s.drafted_tokens, s.accepted_tokens, stream.token_ids, chosen)
+
+    def _auto_proposer(self, text: str) -> tuple[Any, str]:
+        """auto's proposer for this prompt, and the label of what it chose."""
+        assert self.selector is not None
+        choice = self.selector.choose(text, self.profile)
+        if choice.label not in self._auto_choices:
+            self._auto_choices[choice.label] = self.session.build_proposer(choice.method, choice.knobs)
+        return self._auto_choices[choice.label], choice.label
+
 
 @dataclass
 class Summary:
@@ -257,6 +410,7 @@ class Summary:
     mean_tokens_per_step: float | None  # None: the method does not report its steps
     acceptance_rate: float
     match_rate: float | None
+    speedup_vs_llamacpp: float | None = None
 
 
 def summarize(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str, Summary]]:
@@ -292,16 +446,21 @@ def summarize(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str,
                 cell.speedup_vs_vanilla = round(rates[label] / rates["vanilla"], 3)
             if rates.get(HF_GREEDY):
                 cell.speedup_vs_hf = round(rates[label] / rates[HF_GREEDY], 3)
+            if rates.get(LLAMA_CPP):
+                cell.speedup_vs_llamacpp = round(rates[label] / rates[LLAMA_CPP], 3)
         table[group] = cells
     return table
 
 
 def format_tables(table: dict[str, dict[str, Summary]]) -> str:
-    """Plain-text tables, one per category, overall last."""
+    """Plain-text tables, one per category, overall last (a 'vs llama.cpp' column when it ran)."""
     lines: list[str] = []
     groups = sorted(g for g in table if g != OVERALL) + [OVERALL]
     width = max([24, *(len(label) for cells in table.values() for label in cells)])
-    header = f"{'method':<{width}} {'tok/s':>7} {'vs vanilla':>10} {'vs HF':>7} {'tok/step':>8} {'accept':>7} {'match':>6}"
+    with_llamacpp = any(c.speedup_vs_llamacpp is not None for cells in table.values() for c in cells.values())
+    header = f"{'method':<{width}} {'tok/s':>7} {'vs vanilla':>10} {'vs HF':>7} "
+    header += f"{'vs llama.cpp':>12} " if with_llamacpp else ""
+    header += f"{'tok/step':>8} {'accept':>7} {'match':>6}"
     for group in groups:
         cells = table.get(group)
         if not cells:
@@ -314,9 +473,10 @@ def format_tables(table: dict[str, dict[str, Summary]]) -> str:
                 return f"{x:.2f}x" if x is not None else "-"
             match = f"{c.match_rate:.0%}" if c.match_rate is not None else "-"
             per_step = f"{c.mean_tokens_per_step:.2f}" if c.mean_tokens_per_step is not None else "-"
+            versus_llamacpp = f"{ratio(c.speedup_vs_llamacpp):>12} " if with_llamacpp else ""
             lines.append(
                 f"{label:<{width}} {c.tokens_per_s:>7.2f} {ratio(c.speedup_vs_vanilla):>10} {ratio(c.speedup_vs_hf):>7} "
-                f"{per_step:>8} {c.acceptance_rate:>7.0%} {match:>6}"
+                f"{versus_llamacpp}{per_step:>8} {c.acceptance_rate:>7.0%} {match:>6}"
             )
         lines.append("")
     return "\n".join(lines)

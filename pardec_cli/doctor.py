@@ -3,7 +3,11 @@
 The machine (CPU features, memory, GPUs with their class and speed estimate), the
 versions that matter, the models and accelerators on this machine, the profiles, and
 for one model what `--method auto` would pick per profile and from what (tuned
-results or priors). On a machine without a GPU driver nothing here imports torch:
+results or priors), and that model's floor: the memory bandwidth measured by a copy
+test, the bytes of weights one forward reads, the time those bytes take at that
+bandwidth, and the measured one-token forward as a multiple of it.
+
+On a machine without a GPU driver nothing but the floor (`floor_report`) imports torch:
 versions come from package metadata, the model's size from its files.
 """
 
@@ -211,3 +215,95 @@ def compiled_runner_report() -> dict[str, Any]:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     return {"cxx_compiler": compiler, "cache_dir": str(folder), "cache_bytes": size, "cache_files": files,
             "break_even_tokens": dict(BREAK_EVEN_TOKENS)}
+
+
+# -- the floor: how fast one forward could be, and how fast it is ------------------------
+
+FLOOR_CONTEXT_TOKENS = 300  # as `pardec tune`'s cost curve: a realistic decoding position
+FLOOR_FORWARD_REPEATS = 5
+_FLOOR_TEXT = ("The quick brown fox jumps over the lazy dog while the farmer counts his sheep, "
+               "and the river carries the last leaves of autumn down to the sea. ")
+
+
+def bandwidth_floor_ms(weight_bytes: int, bandwidth_gbs: float) -> float:
+    """The least time one forward can take when it must read `weight_bytes` at
+    `bandwidth_gbs` (GB/s = 1e9 bytes/s), in milliseconds."""
+    if bandwidth_gbs <= 0:
+        raise ValueError("bandwidth must be positive")
+    return weight_bytes / (bandwidth_gbs * 1e9) * 1e3
+
+
+def floor_multiple(forward_ms: float, floor_ms: float) -> float:
+    """How many times the floor a measured forward takes (1.0 = at the floor)."""
+    return forward_ms / floor_ms
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of weights one decoding forward of `model` (a torch module) reads.
+
+    Every parameter and buffer once (tied weights are one tensor), less the input
+    embedding when the output layer does not share it: a lookup reads a few of its rows.
+    The KV cache a forward also reads is left out (small at a few hundred tokens).
+    """
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        key = tensor.data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    embedding = get_in() if get_in else None
+    output = get_out() if get_out else None
+    if embedding is not None and (output is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
+        total -= embedding.weight.numel() * embedding.weight.element_size()
+    return total
+
+
+def one_token_forward_ms(session: Any, *, context_tokens: int = FLOOR_CONTEXT_TOKENS,
+                         repeats: int = FLOOR_FORWARD_REPEATS) -> tuple[float, int]:
+    """(best ms of a one-token forward over a `context_tokens`-token context, the context's length).
+
+    Measured through `session.target` (``forward`` on a fresh ``new_cache()``), as
+    `pardec tune` measures its cost curve: whatever runner the session decodes with.
+    """
+    from pardec_cli.tuning.curve import measure_curve
+
+    context = session.encode(_FLOOR_TEXT * (context_tokens // 20 + 1), raw=True)[:context_tokens]
+    curve = measure_curve(session, context, points=(1,), repeats=repeats)
+    return curve.base_ms, len(context)
+
+
+def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, compile: str = "off") -> dict[str, Any]:
+    """Memory bandwidth of the device, and for the model `spec` (as `auto_report` found it,
+    in `model`): weight bytes, the bandwidth floor of one forward, the measured forward.
+
+    The model is loaded on `hardware.device` in `hardware.dtype`, offline. A model that is
+    not here, or does not load, leaves its part out with a `problem`.
+    """
+    from pardec_cli.errors import PardecError
+    from pardec_cli.hardware import COPY_TEST_BYTES, COPY_TEST_REPEATS, measure_memory_bandwidth
+
+    bandwidth = measure_memory_bandwidth(hardware.device)
+    report: dict[str, Any] = {
+        "device": hardware.device, "bandwidth_gbs": round(bandwidth, 2),
+        "bandwidth_source": f"copy test: best of {COPY_TEST_REPEATS} copies of {COPY_TEST_BYTES >> 20} MiB, "
+                            "bytes read + written",
+    }
+    if model.get("problem"):
+        report["problem"] = model["problem"]
+        return report
+    from pardec_cli.session import Session
+
+    try:
+        session = Session.load(spec, dtype=hardware.dtype, device=hardware.device, offline=True, compile=compile)
+        session.target.warm()  # the compiled runner compiles here, not inside the measured forward
+    except PardecError as exc:
+        report["problem"] = f"cannot load {model['name']}: {exc.message}"
+        return report
+    weights = weight_bytes(session.target.model)
+    floor = bandwidth_floor_ms(weights, bandwidth)
+    forward, context = one_token_forward_ms(session)
+    report.update(dtype=session.dtype, compiled=session.compiled, weight_bytes=weights, floor_ms=round(floor, 3), forward_ms=round(forward, 3),
+                  context_tokens=context, multiple=round(floor_multiple(forward, floor), 2))
+    return report

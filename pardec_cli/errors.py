@@ -38,3 +38,7 @@ class ContextOverflowError(PardecError):
 
 class CacheRollbackError(PardecError):
     """The model's KV cache cannot be rolled back, so speculative methods cannot run on it."""
+
+
+class PeerError(PardecError):
+    """A peer engine benchmarked against pardec (llama.cpp) is missing, or failed."""

@@ -15,6 +15,7 @@ the function that needs it.
 - `resolve_device(requested)`: "auto" | "cpu" | "cuda" | "cuda:N" | "mps" -> a device.
 - `resolve_dtype(requested, device)`: "auto" | a dtype name -> "float32" | "bfloat16" |
   "float16"; `torch_dtype(name)` turns such a name into a ``torch.dtype``.
+- `measure_memory_bandwidth(device)`: GB/s from a short copy test (imports torch).
 """
 
 from __future__ import annotations
@@ -585,3 +586,39 @@ def torch_dtype(name: str) -> torch.dtype:
         "bfloat16": torch.bfloat16,
         "float16": torch.float16,
     }[canonical_dtype(name)]
+
+
+COPY_TEST_BYTES = 256 << 20  # far beyond any CPU cache, small enough for any machine
+COPY_TEST_REPEATS = 5
+
+
+def measure_memory_bandwidth(device: str = "cpu", *, size_bytes: int = COPY_TEST_BYTES,
+                             repeats: int = COPY_TEST_REPEATS) -> float:
+    """Memory bandwidth of `device` in GB/s, from copying a `size_bytes` tensor `repeats`
+    times and keeping the fastest copy (on a shared machine the best is the repeatable one).
+
+    A copy reads and writes `size_bytes` each, and both count (STREAM's "Copy"
+    convention). About 0.1-0.5 s on a CPU. Imports torch.
+    """
+    import time
+
+    import torch
+
+    src = torch.ones(size_bytes, dtype=torch.uint8, device=device)  # written once: pages are really mapped
+    dst = torch.empty_like(src)
+
+    def synchronize() -> None:  # GPU copies are asynchronous: time them to their end
+        if src.is_cuda:
+            torch.cuda.synchronize(src.device)
+        elif src.device.type == "mps":
+            torch.mps.synchronize()
+
+    dst.copy_(src)  # warm-up: fault in dst's pages
+    synchronize()
+    best = float("inf")
+    for _ in range(max(repeats, 1)):
+        start = time.perf_counter()
+        dst.copy_(src)
+        synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size_bytes / best / 1e9

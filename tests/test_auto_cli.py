@@ -138,7 +138,7 @@ def test_doctor_json(tiny_cli_model):
     result = invoke(["doctor", "-m", str(tiny_cli_model), "--json"])
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == {"versions", "machine", "models", "profiles", "vllm", "model", "compiled"}
+    assert set(report) == {"versions", "machine", "models", "profiles", "vllm", "model", "compiled", "floor"}
     assert report["machine"]["hardware_class"] in ("cpu", "cpu-bf16", "gpu-datacenter", "gpu-consumer", "apple")
     assert set(report["model"]["auto"]) == {"code", "chat", "extraction"}
     assert report["model"]["layers"] == 2
@@ -158,14 +158,14 @@ def test_doctor_names_a_broken_profile():
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the no-GPU path is checked on Linux")
-def test_doctor_does_not_import_torch_on_a_machine_without_a_gpu_driver(tiny_cli_model):
+def test_doctor_without_measuring_does_not_import_torch_on_a_machine_without_a_gpu_driver(tiny_cli_model):
     from pardec_cli.hardware import NVIDIA_DRIVER_PATH
 
     if NVIDIA_DRIVER_PATH.exists():
         pytest.skip("this machine has an NVIDIA driver: doctor asks torch about the GPUs")
     code = (
         "import sys\nfrom pardec_cli.cli.main import run\n"
-        f"code = run(['doctor', '-m', {str(tiny_cli_model)!r}])\n"
+        f"code = run(['doctor', '-m', {str(tiny_cli_model)!r}, '--no-measure'])\n"
         "print('IMPORTED', sorted(m for m in ('torch', 'transformers') if m in sys.modules), code, file=sys.stderr)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

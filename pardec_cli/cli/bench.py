@@ -22,7 +22,11 @@ from pardec_cli.errors import PardecUsageError
               "auto chooses per prompt, as `pardec gen` does.")
 @click.option("--limit-per-category", type=click.IntRange(min=1), default=None, help="Use the first N prompts of each category.")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens per prompt.")
-@click.option("--baseline-hf", is_flag=True, help="Add Hugging Face generate() greedy (and its prompt lookup when pld is benchmarked).")
+@click.option("--baseline", "baseline_text", default=None, metavar="LIST",
+              help="Peers to measure against, comma-separated: hf = Hugging Face generate() greedy on the same model "
+              "and dtype (plus its prompt lookup when pld is benchmarked); llamacpp = llama.cpp greedy on the model's "
+              "GGUF file (needs `pip install 'pardec[peers]'`).")
+@click.option("--baseline-hf", is_flag=True, help="Same as --baseline hf.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the results as JSON to this file ('-' for stdout).")
 @click.option("--engine", "engines", type=click.Choice(["pardec", "vllm", "pardec,vllm"]), default="pardec",
               show_default=True,
@@ -35,8 +39,8 @@ from pardec_cli.errors import PardecUsageError
 @profile_option
 @model_options
 @compile_option
-def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int, baseline_hf: bool,
-          json_out: Path | None, engines: str, tensor_parallel: int | None, pipeline_parallel: int | None,
+def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int,
+          baseline_text: str | None, baseline_hf: bool, json_out: Path | None, engines: str, tensor_parallel: int | None, pipeline_parallel: int | None,
           profile: str, model: str | None, dtype: str, device: str, offline: bool | None, compile: str) -> None:
     """Benchmark decoding methods on a prompt set, side by side on one loaded model.
 
@@ -44,6 +48,12 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     all of them alike. Reports per category and overall: tokens/s, speedup over
     `vanilla` and over Hugging Face generate() (same model and dtype), mean tokens per
     decoding step, draft acceptance, and the share of outputs identical to `vanilla`'s.
+
+    Baselines run interleaved with the methods on the same prompt token ids, greedy,
+    with the same token budget. llama.cpp runs the GGUF file the model came from (the
+    embedded model's, or the one `pardec import` converted) with as many threads as
+    pardec, in a worker process; the report names its version and settings, and says
+    so when a crash made it fall back to n_batch=1.
 
     With --engine vllm the methods run on vLLM instead (each translated to its
     speculative_config; methods vLLM lacks are an error naming the closest it has), with
@@ -53,12 +63,14 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     Examples:
       pardec bench --prompts ../shared/bench/spec_bench_dev.jsonl --limit-per-category 5 \\
           --methods 'vanilla,pld,layerskip[layer_list=0-9,20-29]' --baseline-hf --dtype bfloat16
+      pardec bench --prompts ../shared/bench/code_edit_dev.jsonl --limit-per-category 1 -n 64 \\
+          --methods auto,vanilla --baseline hf,llamacpp
       pardec bench --prompts ../shared/bench/spec_bench_dev.jsonl --limit-per-category 2 \\
           --methods vanilla,pld --engine pardec,vllm
     """
     from pardec_cli.bench import (
-        Bench, MethodChoice, format_auto_choices, format_tables, limit_per_category as limit, load_prompts, parse_methods, report_json,
-        summarize,
+        Bench, MethodChoice, format_auto_choices, format_tables, limit_per_category as limit, load_prompts, make_baselines,
+        parse_baselines, parse_methods, report_json, summarize,
     )
     from pardec_cli.planning import load_profiles_checked
     from pardec_cli.session import Session
@@ -69,8 +81,13 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     use_pardec, use_vllm = "pardec" in engines.split(","), "vllm" in engines.split(",")
     if not use_vllm and (tensor_parallel or pipeline_parallel):
         raise PardecUsageError("--tensor-parallel and --pipeline-parallel are for --engine vllm")
-    if baseline_hf and not use_pardec:
-        raise PardecUsageError("--baseline-hf runs next to pardec's engine", hint="use --engine pardec,vllm")
+    baseline_names = parse_baselines(("hf," if baseline_hf else "") + (baseline_text or ""))
+    if baseline_names and not use_pardec:
+        raise PardecUsageError("baselines run next to pardec's engine", hint="use --engine pardec,vllm")
+    if "llamacpp" in baseline_names:
+        from pardec_cli.peers.llamacpp import require_installed
+
+        require_installed()  # before the model loads: say it at once
     if use_vllm:
         from pardec_cli.vllm_engine.plan import require_vllm
         from pardec_cli.vllm_engine.translate import runs_on_vllm, unsupported_error
@@ -82,6 +99,8 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     started = perf_counter()
     tty = sys.stderr.isatty()
     runs, labels, per_method = [], [], 1
+    baseline_lines: list[str] = []
+    baseline_settings: object = None
 
     def progress(done: int, total: int, prompt) -> None:
         elapsed = perf_counter() - started
@@ -96,16 +115,18 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
         with loading_status("loading model"):
             session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True,
                                    compile=compile, notice=compile_notice)
-        runner = Bench(session, choices, max_new_tokens=max_tokens, baseline_hf=baseline_hf, profile=profile)
-        labels, per_method = list(runner.labels), len(runner.labels)
-        step = "compiled" if session.compiled else "eager"
-        model_name, where = session.model_name, f"{session.dtype} on {session.device} ({step} step)"
-        click.echo(
-            f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
-            f"{session.model_name} {where}, {max_tokens} new tokens",
-            err=True,
-        )
-        runs += runner.run(prompts, progress)
+        baselines = make_baselines(baseline_names, session, choices)
+        with Bench(session, choices, max_new_tokens=max_tokens, baselines=baselines, profile=profile) as runner:
+            labels, per_method = list(runner.labels), len(runner.labels)
+            step = "compiled" if session.compiled else "eager"
+            model_name, where = session.model_name, f"{session.dtype} on {session.device} ({step} step)"
+            click.echo(
+                f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
+                f"{session.model_name} {where}, {max_tokens} new tokens",
+                err=True,
+            )
+            runs += runner.run(prompts, progress)
+            baseline_lines, baseline_settings = runner.describe_baselines(), runner.baseline_settings()
     if use_vllm:
         from pardec_cli.store.resolve import resolve_model
         from pardec_cli.vllm_engine.bench import vllm_runs
@@ -130,11 +151,14 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     auto_choices = format_auto_choices(runs)
     if auto_choices:
         click.echo(auto_choices, err=to_stderr)
+    for line in baseline_lines:
+        click.echo(line, err=to_stderr)
     if json_out is not None:
         config = {
             "prompts": str(prompts_path), "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,
             "model": model_name, "dtype": dtype if not use_pardec else session.dtype,
             "device": where if use_pardec else "vllm", "methods": labels, "profile": profile, "engine": engines,
+            "baselines": baseline_settings,
         }
         document = json.dumps(report_json(table, runs, config), indent=1)
         if str(json_out) == "-":

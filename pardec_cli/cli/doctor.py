@@ -26,13 +26,27 @@ def _params(n: int | None) -> str:
 @click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]", help="As for pardec gen.")
 @click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
               help="As for pardec gen.")
+@click.option("--measure/--no-measure", default=True, show_default=True,
+              help="Measure the floor: memory bandwidth (a copy test) and MODEL's one-token forward against it "
+              "(a few seconds). --no-measure answers at once.")
+@click.option("--compile", "compile", type=click.Choice(["off", "on"]), default="off", show_default=True,
+              help="Measure the forward of the compiled runner (--compile on: compiles first, tens of seconds) "
+              "instead of the eager one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def doctor(model: str | None, device: str, dtype: str, as_json: bool) -> None:
-    """Show the hardware, versions, models and accelerators pardec sees, and what
+def doctor(model: str | None, device: str, dtype: str, measure: bool, compile: str, as_json: bool) -> None:
+    """Show the hardware, versions, models and accelerators pardec sees, what
     --method auto would pick for each task profile with MODEL (and why: tuned
-    measurements or profile priors).
+    measurements or profile priors), and how far MODEL's decoding step is from the
+    hardware's floor.
 
-    On a machine without a GPU driver this does not import torch, so it answers at once.
+    \b
+    The floor: one forward must read the model's weights, so it cannot take less than
+    (bytes of weights) / (memory bandwidth). doctor measures the bandwidth with a short
+    copy test, then times a one-token forward over a 300-token context on the runner
+    that gen uses, and prints it as a multiple of that floor (1.0x = at the floor).
+
+    With --no-measure, on a machine without a GPU driver, this does not import torch,
+    so it answers at once.
     """
     from pardec_cli import doctor as report_lib
 
@@ -46,6 +60,7 @@ def doctor(model: str | None, device: str, dtype: str, as_json: bool) -> None:
         "model": report_lib.auto_report(model, hardware),
         "compiled": report_lib.compiled_runner_report(),
     }
+    report["floor"] = report_lib.floor_report(model, hardware, report["model"], compile=compile) if measure else None
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -92,6 +107,21 @@ def format_report(report: dict[str, Any]) -> list[str]:
     lines += _vllm_lines(report["vllm"])
     lines += _model_lines(report["model"])
     lines += _compiled_lines(report["compiled"])
+    if report.get("floor"):
+        lines += _floor_lines(report["floor"], report["model"]["name"])
+    return lines
+
+
+def _floor_lines(floor: dict[str, Any], name: str) -> list[str]:
+    lines = ["", f"floor of {name}",
+             f"  memory        {floor['bandwidth_gbs']:.1f} GB/s on {floor['device']} ({floor['bandwidth_source']})"]
+    if floor.get("problem"):
+        return [*lines, f"  {floor['problem']}"]
+    lines.append(f"  weights       {floor['weight_bytes'] / 1e6:.1f} MB read by one forward ({floor['dtype']}, "
+                 f"{'compiled' if floor.get('compiled') else 'eager'} step)")
+    lines.append(f"  floor         {floor['floor_ms']:.2f} ms per forward (weights / bandwidth)")
+    lines.append(f"  forward       {floor['forward_ms']:.2f} ms for one token over a {floor['context_tokens']}-token "
+                 f"context: {floor['multiple']:.2f}x the floor")
     return lines
 
 

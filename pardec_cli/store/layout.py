@@ -75,6 +75,13 @@ def read_marker(path: Path) -> dict[str, Any]:
     return read_json_object(path / MARKER_NAME)
 
 
+def recorded_gguf(path: Path) -> Path | None:
+    """The GGUF file the model in `path` was imported from, as its marker records it
+    (``pardec import`` and the embedded model's conversion write it), or None."""
+    value = read_marker(path).get("gguf")
+    return Path(value) if isinstance(value, str) and value else None
+
+
 def write_marker(path: Path, **fields: Any) -> None:
     """Write the marker file, which must be the last file written to a model directory.
 

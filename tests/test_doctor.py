@@ -1,0 +1,108 @@
+"""`pardec doctor` knows the floor: the memory bandwidth (a copy test), the bytes of weights
+one forward reads, the least time a forward can take at that bandwidth, and the measured
+one-token forward as a multiple of it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from pardec_cli.doctor import bandwidth_floor_ms, floor_multiple, weight_bytes
+from pardec_cli.hardware import measure_memory_bandwidth
+from tests.cli_helpers import invoke
+from tests.tiny_models import tiny_llama
+
+# -- the arithmetic -------------------------------------------------------------------
+
+
+def test_the_floor_is_the_weights_read_at_the_measured_bandwidth():
+    # The issue's figures: 270 MB of bf16 weights at 27 GB/s take 10 ms.
+    assert bandwidth_floor_ms(270_000_000, 27.0) == pytest.approx(10.0)
+    assert bandwidth_floor_ms(1_000_000_000, 1.0) == pytest.approx(1000.0)
+    with pytest.raises(ValueError):
+        bandwidth_floor_ms(1, 0.0)
+
+
+def test_the_multiple_says_how_far_a_forward_is_from_the_floor():
+    assert floor_multiple(16.6, 10.0) == pytest.approx(1.66)
+    assert floor_multiple(10.0, 10.0) == 1.0
+
+
+def test_weight_bytes_leave_out_the_input_embedding_a_lookup_barely_reads():
+    model = tiny_llama(vocab=96, layers=2, hidden=32)  # untied: the LM head is its own matrix
+    every = sum(p.numel() * 4 for p in model.parameters()) + sum(b.numel() * b.element_size() for b in model.buffers())
+    assert weight_bytes(model) == every - 96 * 32 * 4
+
+
+def test_tied_embeddings_count_once_as_the_lm_head_that_reads_them_whole():
+    model = tiny_llama(vocab=96, layers=2, hidden=32)
+    untied = weight_bytes(model)
+    model.lm_head.weight = model.model.embed_tokens.weight
+    assert weight_bytes(model) == untied  # one 96 x 32 matrix read whole by the LM head, as before
+
+
+def test_weight_bytes_follow_the_dtype():
+    model = tiny_llama(vocab=96, layers=2, hidden=32)
+    fp32 = weight_bytes(model)
+    assert weight_bytes(model.bfloat16()) * 2 == fp32  # every tensor, buffers too, is floating point
+
+
+def test_the_copy_test_measures_a_positive_bandwidth():
+    assert measure_memory_bandwidth("cpu", size_bytes=1 << 20, repeats=2) > 0
+
+
+# -- through the CLI -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def bandwidth_10gbs(monkeypatch):
+    """The copy test, replaced: 10 GB/s at once."""
+    devices = []
+    monkeypatch.setattr("pardec_cli.hardware.measure_memory_bandwidth", lambda device: devices.append(device) or 10.0)
+    return devices
+
+
+def test_doctor_prints_the_floor_of_the_model_and_the_forward_against_it(tiny_cli_model, bandwidth_10gbs):
+    result = invoke(["doctor", "-m", str(tiny_cli_model), "--dtype", "float32"])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index(f"floor of {tiny_cli_model}")
+    memory, weights, floor, forward = lines[start + 1: start + 5]
+    assert memory.startswith("  memory        10.0 GB/s on cpu (copy test")
+    assert weights.startswith("  weights       ") and weights.endswith("MB read by one forward (float32)")
+    assert floor.startswith("  floor         ") and floor.endswith("ms per forward (weights / bandwidth)")
+    assert forward.startswith("  forward       ") and "ms for one token over a 300-token context: " in forward
+    assert forward.endswith("x the floor")
+    assert bandwidth_10gbs == ["cpu"]
+
+
+def test_doctor_json_floor_is_consistent(tiny_cli_model, bandwidth_10gbs):
+    result = invoke(["doctor", "-m", str(tiny_cli_model), "--dtype", "float32", "--json"])
+    assert result.exit_code == 0, result.stderr
+    floor = json.loads(result.stdout)["floor"]
+    # The weights on disk, less the input embedding (the tiny model's LM head is its own).
+    with safe_open(str(tiny_cli_model / "model.safetensors"), "pt") as f:
+        on_disk = sum(f.get_tensor(k).nbytes for k in f.keys() if k != "model.embed_tokens.weight")
+    assert 0 <= floor["weight_bytes"] - on_disk <= 1024  # plus the rotary buffer
+    assert floor["floor_ms"] == pytest.approx(floor["weight_bytes"] / 10e9 * 1e3, rel=1e-3)
+    assert floor["forward_ms"] > 0 and floor["context_tokens"] == 300
+    assert floor["multiple"] == pytest.approx(floor["forward_ms"] / floor["floor_ms"], rel=1e-2)
+
+
+def test_doctor_no_measure_leaves_the_floor_out(tiny_cli_model, bandwidth_10gbs):
+    result = invoke(["doctor", "-m", str(tiny_cli_model), "--no-measure", "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["floor"] is None
+    assert bandwidth_10gbs == []
+    assert "floor of" not in invoke(["doctor", "-m", str(tiny_cli_model), "--no-measure"]).stdout
+
+
+def test_doctor_for_a_model_that_is_not_here_still_measures_the_bandwidth(bandwidth_10gbs):
+    result = invoke(["doctor", "-m", "qwen2.5-7b"])
+    assert result.exit_code == 0, result.stderr
+    tail = result.stdout.splitlines()[-3:]
+    assert tail == ["floor of qwen2.5-7b", "  memory        10.0 GB/s on cpu (copy test: best of 5 copies of 256 MiB, "
+                    "bytes read + written)",
+                    "  qwen2.5-7b is not on this machine (`pardec pull qwen2.5-7b`)"]
