@@ -104,6 +104,7 @@ class Session:
         model_source: str | None = None,
         model_path: Path | None = None,
         model_repo: str | None = None,
+        weights: str = "full",
     ) -> None:
         from pardec_cli.engine.model import LanguageModel
 
@@ -114,6 +115,7 @@ class Session:
         # tuned results and installed accelerators by them, and the heads are found by them.
         self.model_source, self.model_path, self.model_repo = model_source, model_path, model_repo
         self.dtype = dtype
+        self.weights = weights  # "full", "int8" or "int4": how the decoder's weights are held
         self.device = device
         self.offline = offline
         self._drafters: dict[str, tuple[Any, Any]] = {}
@@ -128,7 +130,7 @@ class Session:
     @classmethod
     def load(
         cls, model_spec: str | None, *, dtype: str = "auto", device: str = "auto", offline: bool | None = None,
-        progress: bool = False,
+        progress: bool = False, weights: str = "auto",
     ) -> Session:
         """Resolve `model_spec` (alias, Hub id, directory, None for the embedded model) and load it."""
         from pardec_cli.hardware import resolve_device, resolve_dtype
@@ -138,10 +140,13 @@ class Session:
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
-        model, tokenizer = load_model(resolved.path, dtype=dtype, device=device)
+        model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights)
+        from pardec_cli.quant import weights_label
+
         return cls(
             model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline,
             model_source=resolved.source, model_path=resolved.path, model_repo=resolved.repo,
+            weights=weights_label(model),
         )
 
     def heads_key(self) -> str:

@@ -26,7 +26,8 @@ from pardec_cli.cli.output import loading_status
 @profile_option
 @model_options
 def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int, baseline_hf: bool,
-          json_out: Path | None, profile: str, model: str | None, dtype: str, device: str, offline: bool | None) -> None:
+          json_out: Path | None, profile: str, model: str | None, dtype: str, device: str, offline: bool | None,
+          weights: str = "auto") -> None:
     """Benchmark decoding methods on a prompt set, side by side on one loaded model.
 
     Methods run interleaved prompt by prompt after a warm-up, so machine drift hits
@@ -50,11 +51,11 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     load_profiles_checked(profile)
     prompts = limit(load_prompts(prompts_path), limit_per_category)
     with loading_status("loading model"):
-        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True)
+        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True, weights=weights)
     runner = Bench(session, choices, max_new_tokens=max_tokens, baseline_hf=baseline_hf, profile=profile)
     click.echo(
         f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
-        f"{session.model_name} {session.dtype} on {session.device}, {max_tokens} new tokens",
+        f"{session.model_name} {session.dtype} ({session.weights} weights) on {session.device}, {max_tokens} new tokens",
         err=True,
     )
     started = perf_counter()
@@ -82,7 +83,7 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     if json_out is not None:
         config = {
             "prompts": str(prompts_path), "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,
-            "model": session.model_name, "dtype": session.dtype, "device": session.device, "methods": runner.labels,
+            "model": session.model_name, "dtype": session.dtype, "weights": session.weights, "device": session.device, "methods": runner.labels,
             "profile": profile,
         }
         document = json.dumps(report_json(table, runs, config), indent=1)

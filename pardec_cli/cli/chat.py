@@ -29,7 +29,7 @@ from pardec_cli.errors import PardecError, PardecUsageError
 @click.option("--list", "list_only", is_flag=True, help="Print the saved conversations (id, date, title) and exit.")
 @click.option("--save/--no-save", default=True, show_default=True,
               help="Save conversations under the pardec home (config: `save = false` in [chat]).")
-def chat(model: str | None, dtype: str, device: str, offline: bool | None, method: str,
+def chat(model: str | None, dtype: str, weights: str, device: str, offline: bool | None, method: str,
          method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, max_tokens: int,
          temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...], profile: str, system: str | None,
          resume: str | None, history: bool, list_only: bool, save: bool) -> None:
@@ -69,18 +69,18 @@ def chat(model: str | None, dtype: str, device: str, offline: bool | None, metho
             raise PardecError("there is no saved conversation to continue", hint="start one with `pardec chat`")
     if not (is_terminal(sys.stdin) and is_terminal(sys.stdout)):
         raise PardecUsageError("pardec chat needs a terminal", hint="in scripts and pipes use `pardec gen`")
-    run_app(settings, model=model, dtype=dtype, device=device, offline=offline, system=system,
+    run_app(settings, model=model, dtype=dtype, device=device, offline=offline, system=system, weights=weights,
             conversation=conversation, save=save, history=history, store=store)
 
 
 def run_app(settings: Any, *, model: str | None, dtype: str, device: str, offline: bool | None, system: str | None,
-            conversation: Any, save: bool, history: bool, store: Any) -> None:
+            conversation: Any, save: bool, history: bool, store: Any, weights: str = "auto") -> None:
     """Start the Textual app; the model loads in its worker through `Session.load`."""
     from pardec_cli.session import Session
     from pardec_cli.tui.app import ChatApp, ChatOptions
 
     def load(spec: str | None) -> Session:
-        return Session.load(spec, dtype=dtype, device=device, offline=offline)
+        return Session.load(spec, dtype=dtype, device=device, offline=offline, weights=weights)
 
     options = ChatOptions(settings=settings, model=model, system=system, conversation=conversation, save=save,
                           show_history=history, store=store)

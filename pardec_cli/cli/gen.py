@@ -69,7 +69,7 @@ from pardec_cli.prompt_files import parse_prompt_line
               "on one model load; one JSON line per result.")
 @click.option("--each-line", is_flag=True,
               help="Run every non-empty line of stdin as its own prompt; one JSON line per result.")
-def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
+def gen(prompt: tuple[str, ...], model: str | None, dtype: str, weights: str, device: str, offline: bool | None,
         method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
         system: str | None, raw: bool, stats: bool, explain: bool, no_stream: bool, as_json: bool, as_jsonl: bool,
@@ -124,7 +124,8 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     user_set = options_set_by_user(click.get_current_context(), PROFILE_SAMPLING_KEYS)
     load_profiles_checked(profile)  # a bad profile file or -P value fails before the model loads
     with loading_status("loading model"):
-        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))
+        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),
+                               weights=weights)
         planner = Planner(session, method=method, options=options, profile=profile, settings=settings,
                           user_set=user_set, drafters=[draft_model] if draft_model and method == AUTO else [],
                           explain=explain)
@@ -344,6 +345,7 @@ def result_record(session: Any, stream: Any, profile: str | None = None) -> dict
         "knobs": session.proposer.knobs(),
         "profile": profile,
         "dtype": session.dtype,
+        "weights": session.weights,
         "device": session.device,
         "finish_reason": stream.finish_reason,
         "stats": stream.stats.to_dict(),

@@ -69,6 +69,12 @@ def write_json_line(out: IO[str], record: dict[str, Any]) -> None:
     out.flush()
 
 
+def weights_text(session: Any) -> str:
+    """"int8 weights, " for a model with quantized weights, "" for dense ones."""
+    weights = getattr(session, "weights", "full")
+    return "" if weights == "full" else f"{weights} weights, "
+
+
 def print_stats(session: Any, stream: Any, *, title: str | None = None) -> None:
     """The `--stats` block, on stderr."""
     s = stream.stats
@@ -77,7 +83,7 @@ def print_stats(session: Any, stream: Any, *, title: str | None = None) -> None:
     lines = [f"== {title}"] if title else []
     lines += [
         f"method      {session.method_name} {knob_text}".rstrip(),
-        f"model       {session.model_name} ({session.dtype}, {session.device})",
+        f"model       {session.model_name} ({session.dtype}, {weights_text(session)}{session.device})",
         f"tokens      {s.prompt_tokens} prompt, {s.generated_tokens} generated ({stream.finish_reason})",
         f"speed       {s.tokens_per_s:.1f} tok/s end to end, {s.decode_tokens_per_s:.1f} tok/s after the first token",
         f"first token {s.ttft_s * 1000:.0f} ms",
