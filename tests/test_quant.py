@@ -241,3 +241,20 @@ def test_a_bad_weights_value_is_one_clear_line(tiny_cli_model: Path) -> None:
     assert result.exit_code == 2
     assert "'int3' is not one of 'auto', 'full', 'int8', 'int4'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_embedded_copy_expanded_by_an_earlier_pardec_is_converted_again_once(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pardec_cli.home import models_dir
+    from pardec_cli.store import embedded, gguf_import, layout
+
+    old = models_dir() / embedded.EMBEDDED_ALIAS
+    old.mkdir(parents=True)
+    (old / "config.json").write_text("{}")
+    layout.write_marker(old, source="gguf", dtype="float32")  # no "stored": the dense float32 copy
+    monkeypatch.setattr(embedded, "find_embedded_gguf", lambda: tiny_gguf)
+    path = embedded.ensure_embedded_model()
+    assert layout.read_marker(path)["stored"] == "gguf-blocks" and (path / "pardec-quant.json").is_file()
+    monkeypatch.setattr(gguf_import, "_convert", lambda *a, **k: pytest.fail("converted twice"))
+    assert embedded.ensure_embedded_model() == path

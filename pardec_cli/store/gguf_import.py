@@ -122,15 +122,36 @@ def _convert_keeping_blocks(gguf_path: Path, out_dir: Path, *, source_repo: str 
             hint="check the free disk space (about the GGUF file's size)",
         ) from None
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(
-            f"cannot convert {gguf_path.name} (GGUF architecture {architecture!r}): {first}",
-            hint="the file may be damaged, or use an architecture transformers cannot read from GGUF",
-        ) from None
+        raise _conversion_error(exc, gguf_path, architecture) from None
 
 
-def _convert(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None,
-             architecture: str) -> None:  # fmt: skip
+def _conversion_error(exc: Exception, gguf_path: Path, architecture: str) -> ModelLoadError:
+    """The one-line error for a GGUF file that transformers cannot read or convert."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "architecture" in first.lower() or "not supported" in first.lower():
+        return ModelLoadError(
+            f"transformers cannot load GGUF architecture {architecture!r} ({gguf_path.name}): {first}",
+            hint="only GGUF files of architectures that transformers supports (llama, "
+            "mistral, qwen2, qwen3, phi3, gemma2/3, ...) can be imported",
+        )
+    return ModelLoadError(
+        f"cannot convert {gguf_path.name} (GGUF architecture {architecture!r}): {first}",
+        hint="the file may be damaged, or use a quantization transformers cannot "
+        "dequantize (Q4_0/Q4_1/Q5/Q8_0/K-quants work)",
+    )
+
+
+def _convert(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None, architecture: str) -> bool:
+    """Convert `gguf_path` into `out_dir`: blocks kept where the architecture allows it
+    (True), else dequantized into a `dtype` checkpoint (False)."""
+    if _convert_keeping_blocks(gguf_path, out_dir, source_repo=source_repo, architecture=architecture):
+        return True
+    _convert_dense(gguf_path, out_dir, dtype=dtype, source_repo=source_repo, architecture=architecture)
+    return False
+
+
+def _convert_dense(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None,
+                   architecture: str) -> None:  # fmt: skip
     """Dequantize `gguf_path` with transformers and save a checkpoint into `out_dir`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -147,19 +168,7 @@ def _convert(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | N
             )
             tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **where)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "architecture" in first.lower() or "not supported" in first.lower():
-            raise ModelLoadError(
-                f"transformers cannot load GGUF architecture {architecture!r} "
-                f"({gguf_path.name}): {first}",
-                hint="only GGUF files of architectures that transformers supports (llama, "
-                "mistral, qwen2, qwen3, phi3, gemma2/3, ...) can be imported",
-            ) from None
-        raise ModelLoadError(
-            f"cannot convert {gguf_path.name} (GGUF architecture {architecture!r}): {first}",
-            hint="the file may be damaged, or use a quantization transformers cannot "
-            "dequantize (Q4_0/Q4_1/Q5/Q8_0/K-quants work)",
-        ) from None
+        raise _conversion_error(exc, gguf_path, architecture) from None
     # The dequantized weights are plain tensors: drop the GGUF "quantization" so that
     # save_pretrained writes an ordinary checkpoint.
     model.hf_quantizer = None
@@ -206,9 +215,7 @@ def import_gguf(
         )
     architecture = gguf_architecture(path)
     with staged_model_dir(name, overwrite=overwrite) as tmp:
-        kept = _convert_keeping_blocks(path, tmp, source_repo=source_repo, architecture=architecture)
-        if not kept:
-            _convert(path, tmp, dtype=dtype, source_repo=source_repo, architecture=architecture)
+        kept = bool(_convert(path, tmp, dtype=dtype, source_repo=source_repo, architecture=architecture))
         write_marker(
             tmp,
             source="gguf",
