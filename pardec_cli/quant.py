@@ -217,7 +217,7 @@ def weights_label(model: nn.Module) -> str:
 
 # What `--weights auto` picks on a CPU, per compute dtype: the fastest of full/int8/int4
 # for one-token decoding of the embedded SmolLM2-135M, measured with
-# `python -m pardec_cli.devtools.measure_weights` (see its docstring for the numbers).
+# `python -m pardec_cli.devtools.measure_weights` (numbers below).
 AUTO_CPU = {"float32": "full", "bfloat16": "full", "float16": "full"}
 
 
