@@ -215,19 +215,28 @@ def weights_label(model: nn.Module) -> str:
     return "full"
 
 
-# What `--weights auto` picks on a CPU, per compute dtype: the fastest of full/int8/int4
-# for one-token decoding of the embedded SmolLM2-135M, measured with
-# `python -m pardec_cli.devtools.measure_weights` (numbers below).
-AUTO_CPU = {"float32": "full", "bfloat16": "full", "float16": "full"}
+# What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
+# for GGUF 4-bit blocks kept, None for dense); anything else is "full". Measured with
+# `python -m pardec_cli.devtools.measure_weights --threads 1 --seconds 240` on the
+# embedded SmolLM2-135M (AMD EPYC, AVX512 with avx512_bf16, no AMX; torch 2.13; load
+# average ~8 from other jobs, all configurations interleaved), one forward over a
+# 300-token context, median ms for 1 / 16 new tokens:
+#   bfloat16  full 142 / 174   int8  98 / 191   int4  76 / 153
+#   float32   full 121 / 256   int8 224 / 2882  int4 456 / 6140
+# So in bfloat16 int4 is fastest for both one token and a 16-token verification, and for
+# a model stored as 4-bit blocks it is those very codes: auto picks it there. int8 is
+# slower than dense at 16 tokens (what parallel decoding verifies), and a dense model
+# would lose precision to int4, so dense models stay dense. In float32 the packed
+# kernels are far slower than dense.
+AUTO_CPU: dict[tuple[str, str | None], str] = {("bfloat16", "q4"): "int4"}
 
 
 def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None) -> str:
-    """`--weights` -> "full", "int8" or "int4" for this device and dtype.
+    """`--weights` -> "full", "int8" or "int4" for this device, dtype and stored form.
 
     "auto" takes `AUTO_CPU` on a CPU and "full" elsewhere (the CUDA kernels are written
-    but not measured here). `stored` ("q4" for a model kept as GGUF blocks, else None)
-    does not change the choice: int4 from stored codes costs no extra conversion, but
-    it is chosen only where it measures faster.
+    but not measured here). `stored` is "q4" for a model kept as GGUF 4-bit blocks
+    (`store.quantized`), None for dense weights.
     """
     from pardec_cli.errors import PardecUsageError
 
@@ -236,5 +245,5 @@ def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None
     if weights != "auto":
         return weights
     if device == "cpu":
-        return AUTO_CPU.get(dtype, "full")
+        return AUTO_CPU.get((dtype, stored), "full")
     return "full"
