@@ -189,7 +189,7 @@ def test_import_keeps_q4_and_q8_blocks_and_stays_small(tiny_gguf: Path) -> None:
     assert layout["model.layers.0.self_attn.q_proj.weight"] == "q4"
     assert read_marker(path)["stored"] == "gguf-blocks"
     tensor_bytes = sum(t.n_bytes for t in GGUFReader(str(tiny_gguf)).tensors)
-    assert (path / "model.safetensors").stat().st_size <= 1.3 * tensor_bytes
+    assert (path / "pardec-quant.safetensors").stat().st_size <= 1.3 * tensor_bytes
 
 
 def test_a_kept_gguf_loads_to_exactly_transformers_dequantized_weights(tiny_gguf: Path) -> None:

@@ -1,7 +1,9 @@
 """A GGUF file's 4/8-bit blocks kept as they are in pardec's store, and loaded from there.
 
 Layout of a model directory stored this way: the usual config.json, generation config
-and tokenizer files, plus ``model.safetensors`` and ``pardec-quant.json``. For each
+and tokenizer files, plus ``pardec-quant.safetensors`` and ``pardec-quant.json`` (not
+``model.safetensors``: a pardec or transformers that does not know this layout finds no
+weights and says so, rather than filling the missing tensors at random). For each
 tensor that was Q4_0, Q4_1 or Q8_0 in the GGUF file (blocks of 32 along the input
 dimension) the safetensors file holds, under the Hugging Face parameter name:
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
 QUANT_FILE = "pardec-quant.json"
+WEIGHTS_FILE = "pardec-quant.safetensors"
 BLOCK = 32
 # Architectures whose transformers tensor processor only permutes rows of a weight
 # (llama's rotary un-permutation) or leaves it alone: their blocks can be kept as they are.
@@ -124,7 +127,7 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
             # Row un-permutation of q/k weights: the same for codes and their scales.
             array = processor.process(weights=array, name=tensor.name).weights
             tensors[f"{hf_name}.{suffix}"] = torch.from_numpy(np.ascontiguousarray(array))
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
     (out_dir / QUANT_FILE).write_text(json.dumps({"format": 1, "block": BLOCK, "tensors": layout}, indent=1))
     config._name_or_path = source_repo or gguf_path.stem
     config.dtype = "float32"
@@ -177,7 +180,7 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
 
     try:
         layout = json.loads((Path(path) / QUANT_FILE).read_text("utf-8"))["tensors"]
-        stored = load_file(str(Path(path) / "model.safetensors"))
+        stored = load_file(str(Path(path) / WEIGHTS_FILE))
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot read the quantized model in {path}: {exc}",
                              hint="import the GGUF file again") from None  # fmt: skip
