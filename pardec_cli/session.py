@@ -123,6 +123,7 @@ class Session:
         model_repo: str | None = None,
         compiled: bool = False,
         notice: Callable[[str], None] | None = None,
+        weights: str = "full",
     ) -> None:
         from pardec_cli.engine.model import LanguageModel
 
@@ -138,6 +139,7 @@ class Session:
         # tuned results and installed accelerators by them, and the heads are found by them.
         self.model_source, self.model_path, self.model_repo = model_source, model_path, model_repo
         self.dtype = dtype
+        self.weights = weights  # "full", "int8" or "int4": how the decoder's weights are held
         self.device = device
         self.offline = offline
         self._drafters: dict[str, tuple[Any, Any]] = {}
@@ -153,7 +155,7 @@ class Session:
     def load(
         cls, model_spec: str | None, *, dtype: str = "auto", device: str = "auto", offline: bool | None = None,
         progress: bool = False, compile: str = "off", expected_tokens: int | None = None,
-        notice: Callable[[str], None] | None = None,
+        notice: Callable[[str], None] | None = None, weights: str = "auto",
     ) -> Session:
         """Resolve `model_spec` (alias, Hub id, directory, None for the embedded model) and load it.
 
@@ -174,16 +176,18 @@ class Session:
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
-        model, tokenizer = load_model(resolved.path, dtype=dtype, device=device)
+        model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights)
         compiled = compile == "on" or (
             compile == "auto" and compile_pays(expected_tokens, device) and CompiledLanguageModel.supports(model)
         )
         if compiled:
             use_compile_cache()
+        from pardec_cli.quant import weights_label
+
         return cls(
             model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline,
             model_source=resolved.source, model_path=resolved.path, model_repo=resolved.repo,
-            compiled=compiled, notice=notice,
+            compiled=compiled, notice=notice, weights=weights_label(model),
         )
 
     @property

@@ -595,7 +595,9 @@ def test_embedded_model_converts_and_loads(
     os.umask(umask)
     assert embedded_model_dir.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0o700
     names = {p.name for p in embedded_model_dir.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", layout.MARKER_NAME} <= names
+    # The GGUF's 4/8-bit blocks are kept (about the GGUF's 98 MB, not 541.6 MB of float32).
+    assert {"config.json", "pardec-quant.safetensors", "pardec-quant.json", "tokenizer.json", layout.MARKER_NAME} <= names
+    assert (embedded_model_dir / "pardec-quant.safetensors").stat().st_size < 1.3 * 98_362_432
     marker = layout.read_marker(embedded_model_dir)
     assert marker["source_repo"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert marker["architecture"] == "llama" and marker["dtype"] == "float32"

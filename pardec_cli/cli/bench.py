@@ -40,8 +40,9 @@ from pardec_cli.errors import PardecUsageError
 @model_options
 @compile_option
 def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int,
-          baseline_text: str | None, baseline_hf: bool, json_out: Path | None, engines: str, tensor_parallel: int | None, pipeline_parallel: int | None,
-          profile: str, model: str | None, dtype: str, device: str, offline: bool | None, compile: str) -> None:
+          baseline_text: str | None, baseline_hf: bool, json_out: Path | None, engines: str, tensor_parallel: int | None,
+          pipeline_parallel: int | None, profile: str, model: str | None, dtype: str, weights: str, device: str,
+          offline: bool | None, compile: str) -> None:
     """Benchmark decoding methods on a prompt set, side by side on one loaded model.
 
     Methods run interleaved prompt by prompt after a warm-up, so machine drift hits
@@ -114,12 +115,12 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
     if use_pardec:
         with loading_status("loading model"):
             session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True,
-                                   compile=compile, notice=compile_notice)
+                                   compile=compile, notice=compile_notice, weights=weights)
         baselines = make_baselines(baseline_names, session, choices)
         with Bench(session, choices, max_new_tokens=max_tokens, baselines=baselines, profile=profile) as runner:
             labels, per_method = list(runner.labels), len(runner.labels)
             step = "compiled" if session.compiled else "eager"
-            model_name, where = session.model_name, f"{session.dtype} on {session.device} ({step} step)"
+            model_name, where = session.model_name, f"{session.dtype} ({session.weights} weights) on {session.device} ({step} step)"
             click.echo(
                 f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
                 f"{session.model_name} {where}, {max_tokens} new tokens",
@@ -157,6 +158,7 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
         config = {
             "prompts": str(prompts_path), "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,
             "model": model_name, "dtype": dtype if not use_pardec else session.dtype,
+            "weights": session.weights if use_pardec else None,
             "device": where if use_pardec else "vllm", "methods": labels, "profile": profile, "engine": engines,
             "baselines": baseline_settings,
         }

@@ -38,7 +38,7 @@ from pardec_cli.prompt_files import clean_text
 @click.option("--list", "list_only", is_flag=True, help="Print the saved conversations (id, date, title) and exit.")
 @click.option("--save/--no-save", default=True, show_default=True,
               help="Save conversations under the pardec home (config: `save = false` in [chat]).")
-def chat(model: str | None, dtype: str, device: str, offline: bool | None, compile: str, method: str,
+def chat(model: str | None, dtype: str, weights: str, device: str, offline: bool | None, compile: str, method: str,
          method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, max_tokens: int,
          temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...], profile: str, system: str | None,
          resume: str | None, history: bool, list_only: bool, save: bool) -> None:
@@ -80,12 +80,12 @@ def chat(model: str | None, dtype: str, device: str, offline: bool | None, compi
     if not (is_terminal(sys.stdin) and is_terminal(sys.stdout)):
         raise PardecUsageError("pardec chat needs a terminal", hint="in scripts and pipes use `pardec gen`")
     system = clean_text(system) if system is not None else None  # gen's rule for text that is not Unicode
-    run_app(settings, model=model, dtype=dtype, device=device, offline=offline, system=system,
+    run_app(settings, model=model, dtype=dtype, device=device, offline=offline, system=system, weights=weights,
             conversation=conversation, save=save, history=history, store=store, compile=compile)
 
 
 def run_app(settings: Any, *, model: str | None, dtype: str, device: str, offline: bool | None, system: str | None,
-            conversation: Any, save: bool, history: bool, store: Any, compile: str = "auto") -> None:
+            conversation: Any, save: bool, history: bool, store: Any, compile: str = "auto", weights: str = "auto") -> None:
     """Start the Textual app; the model loads in its worker through `Session.load`."""
     from pardec_cli.session import Session
     from pardec_cli.tui.app import ChatApp, ChatOptions
@@ -94,7 +94,7 @@ def run_app(settings: Any, *, model: str | None, dtype: str, device: str, offlin
         # A reply is one gen's worth of tokens: auto compiles only where that pays back, and
         # a compile would hold the first reply (its notices cannot go to the full screen).
         return Session.load(spec, dtype=dtype, device=device, offline=offline, compile=compile,
-                            expected_tokens=settings.max_tokens)
+                            expected_tokens=settings.max_tokens, weights=weights)
 
     options = ChatOptions(settings=settings, model=model, system=system, conversation=conversation, save=save,
                           show_history=history, store=store)

@@ -78,7 +78,7 @@ from pardec_cli.prompt_files import clean_text, parse_prompt_line, tolerant_stdi
 @click.option("--server", default=None, metavar="URL",
               help="Generate on a running `pardec serve` (e.g. http://127.0.0.1:8000) instead of loading the model "
               "here; -m names the server's model (default: the one it runs). Its API key: PARDEC_SERVE_API_KEY.")
-def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, offline: bool | None,
+def gen(prompt: tuple[str, ...], model: str | None, dtype: str, weights: str, device: str, offline: bool | None,
         method: str, method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
         max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...],
         engine: str, tensor_parallel: int | None, pipeline_parallel: int | None, system: str | None, raw: bool,
@@ -172,7 +172,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, device: str, off
     with loading_status("loading model"):
         session = Session.load(
             model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),
-            compile=compile, expected_tokens=max_tokens, notice=compile_notice,
+            compile=compile, expected_tokens=max_tokens, notice=compile_notice, weights=weights,
         )
         planner = Planner(session, method=method, options=options, profile=profile, settings=settings,
                           user_set=user_set, drafters=[draft_model] if draft_model and method == AUTO else [])
@@ -330,6 +330,7 @@ def result_record(session: Any, stream: Any, profile: str | None = None) -> dict
         "knobs": session.proposer.knobs(),
         "profile": profile,
         "dtype": session.dtype,
+        "weights": session.weights,
         "device": session.device,
         "compiled": session.compiled,
         "finish_reason": stream.finish_reason,

@@ -51,7 +51,7 @@ def profile_option(f: F) -> F:
 
 
 def model_options(f: F) -> F:
-    """-m/--model, --dtype, --device, --offline."""
+    """-m/--model, --dtype, --weights, --device, --offline."""
     f = click.option("--offline", is_flag=True, default=None, help="Never contact the Hugging Face Hub (also HF_HUB_OFFLINE=1).")(f)
     f = click.option(
         "--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]",
@@ -62,6 +62,12 @@ def model_options(f: F) -> F:
         type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
         help="Weights and compute dtype. auto: bfloat16 where the hardware runs it fast (CUDA with bf16, "
         "a CPU with AMX or AVX512-bf16), else float32. Greedy output is bit-exact only in float32.",
+    )(f)
+    f = click.option(
+        "--weights", default="auto", show_default=True, type=click.Choice(["auto", "full", "int8", "int4"]),
+        help="How the decoder's weights are held. full: dense, in the --dtype; int8: 8-bit per channel; int4: "
+        "4-bit in groups of 32 (fewer bytes read per token, slightly different output). auto: what measured "
+        "fastest for the --dtype on a CPU, dense on GPUs.",
     )(f)
     f = click.option(
         "-m", "--model", "model", default=None, metavar="MODEL", shell_complete=complete_model,

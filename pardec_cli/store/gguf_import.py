@@ -1,7 +1,10 @@
 """GGUF -> safetensors: import a llama.cpp model file into pardec's model store.
 
-transformers reads GGUF (dequantizing every tensor), and pardec saves the result as an
-ordinary checkpoint under ``models_dir()/<name>/`` so that later loads take a second,
+Q4_0/Q4_1/Q8_0 blocks are kept as they are (`store.quantized`: packed codes plus float16
+scales, about the GGUF file's size) for architectures whose tensors transformers only
+renames or row-permutes (llama and friends); other files go through transformers' GGUF
+reader, which dequantizes every tensor, and are saved as an ordinary checkpoint. Either
+way the result lives under ``models_dir()/<name>/`` so that later loads take a second,
 not a conversion. The embedded SmolLM2 model goes through this same code path.
 
 Only the file's header is read here (in pure Python, `gguf_architecture`) to give a
@@ -104,8 +107,51 @@ def _check_gguf_path(path: Path) -> None:
         raise PardecError(f"{path} is not a file", hint="pass the path of a .gguf file")
 
 
-def _convert(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None,
-             architecture: str) -> None:  # fmt: skip
+def _convert_keeping_blocks(gguf_path: Path, out_dir: Path, *, source_repo: str | None, architecture: str) -> bool:
+    """Store the file with its Q4/Q8 blocks kept (`store.quantized`); False when its
+    architecture needs the dense conversion instead."""
+    from pardec_cli.store.loading import quiet_transformers
+    from pardec_cli.store.quantized import convert_gguf_quantized
+
+    try:
+        with quiet_transformers(), contextlib.redirect_stderr(io.StringIO()):
+            return convert_gguf_quantized(gguf_path, out_dir, source_repo=source_repo)
+    except OSError as exc:
+        raise PardecError(
+            f"cannot write the converted model to {out_dir.parent}: {exc.strerror or exc}",
+            hint="check the free disk space (about the GGUF file's size)",
+        ) from None
+    except Exception as exc:
+        raise _conversion_error(exc, gguf_path, architecture) from None
+
+
+def _conversion_error(exc: Exception, gguf_path: Path, architecture: str) -> ModelLoadError:
+    """The one-line error for a GGUF file that transformers cannot read or convert."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "architecture" in first.lower() or "not supported" in first.lower():
+        return ModelLoadError(
+            f"transformers cannot load GGUF architecture {architecture!r} ({gguf_path.name}): {first}",
+            hint="only GGUF files of architectures that transformers supports (llama, "
+            "mistral, qwen2, qwen3, phi3, gemma2/3, ...) can be imported",
+        )
+    return ModelLoadError(
+        f"cannot convert {gguf_path.name} (GGUF architecture {architecture!r}): {first}",
+        hint="the file may be damaged, or use a quantization transformers cannot "
+        "dequantize (Q4_0/Q4_1/Q5/Q8_0/K-quants work)",
+    )
+
+
+def _convert(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None, architecture: str) -> bool:
+    """Convert `gguf_path` into `out_dir`: blocks kept where the architecture allows it
+    (True), else dequantized into a `dtype` checkpoint (False)."""
+    if _convert_keeping_blocks(gguf_path, out_dir, source_repo=source_repo, architecture=architecture):
+        return True
+    _convert_dense(gguf_path, out_dir, dtype=dtype, source_repo=source_repo, architecture=architecture)
+    return False
+
+
+def _convert_dense(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None,
+                   architecture: str) -> None:  # fmt: skip
     """Dequantize `gguf_path` with transformers and save a checkpoint into `out_dir`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -122,19 +168,7 @@ def _convert(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | N
             )
             tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **where)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "architecture" in first.lower() or "not supported" in first.lower():
-            raise ModelLoadError(
-                f"transformers cannot load GGUF architecture {architecture!r} "
-                f"({gguf_path.name}): {first}",
-                hint="only GGUF files of architectures that transformers supports (llama, "
-                "mistral, qwen2, qwen3, phi3, gemma2/3, ...) can be imported",
-            ) from None
-        raise ModelLoadError(
-            f"cannot convert {gguf_path.name} (GGUF architecture {architecture!r}): {first}",
-            hint="the file may be damaged, or use a quantization transformers cannot "
-            "dequantize (Q4_0/Q4_1/Q5/Q8_0/K-quants work)",
-        ) from None
+        raise _conversion_error(exc, gguf_path, architecture) from None
     # The dequantized weights are plain tensors: drop the GGUF "quantization" so that
     # save_pretrained writes an ordinary checkpoint.
     model.hf_quantizer = None
@@ -181,7 +215,7 @@ def import_gguf(
         )
     architecture = gguf_architecture(path)
     with staged_model_dir(name, overwrite=overwrite) as tmp:
-        _convert(path, tmp, dtype=dtype, source_repo=source_repo, architecture=architecture)
+        kept = bool(_convert(path, tmp, dtype=dtype, source_repo=source_repo, architecture=architecture))
         write_marker(
             tmp,
             source="gguf",
@@ -189,6 +223,7 @@ def import_gguf(
             gguf_size=path.stat().st_size,
             source_repo=source_repo,
             architecture=architecture,
-            dtype=dtype,
+            dtype="float32" if kept else dtype,
+            stored="gguf-blocks" if kept else "dense",
         )
     return target

@@ -172,22 +172,32 @@ def _first_line(exc: BaseException) -> str:
 
 
 def load_model(
-    path: Path, *, dtype: str, device: str
+    path: Path, *, dtype: str, device: str, weights: str = "full"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from a model directory, ready for inference.
 
     `dtype` is a name from `pardec_cli.hardware` ("float32", "bfloat16", "float16");
-    `device` a resolved device ("cpu", "cuda", "cuda:1", "mps"). The model uses SDPA
+    `device` a resolved device ("cpu", "cuda", "cuda:1", "mps"). `weights` says how the
+    decoder's linear layers hold their weights: "full" (dense in `dtype`), "int8",
+    "int4" (`pardec_cli.quant`), or "auto" (`pardec_cli.quant.resolve_weights`). A
+    directory stored with a GGUF file's blocks kept (`store.quantized`) loads from
+    them: exactly dequantized for "full", its 4-bit codes packed directly for "int4".
+    The model uses SDPA
     attention (eager where the architecture lacks it) and is in eval mode. Every failure
     is a `ModelLoadError` naming the file or architecture at fault.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pardec_cli.quant import quantize_linears, resolve_weights
+    from pardec_cli.store.quantized import is_quantized_dir
+
     path = Path(path)
     raw_config = check_model_files(path)
     model_type = str(raw_config.get("model_type", "unknown"))
     dtype = canonical_dtype(dtype)
+    stored_blocks = is_quantized_dir(path)
+    mode = resolve_weights(weights, dtype=dtype, device=device, stored="q4" if stored_blocks else None)
     with quiet_transformers():
         config = _load_config(path, model_type)
         try:
@@ -203,7 +213,12 @@ def load_model(
         if device != "cpu":
             kwargs["device_map"] = device
         try:
-            model, info = _from_pretrained(AutoModelForCausalLM, path, {**kwargs, "output_loading_info": True})
+            if stored_blocks:  # its blocks were written by pardec itself, tensor by tensor
+                model, info = _load_quantized(path, config, dtype, device, mode), {}
+            else:
+                model, info = _from_pretrained(AutoModelForCausalLM, path, {**kwargs, "output_loading_info": True})
+        except ModelLoadError:
+            raise
         except torch.cuda.OutOfMemoryError:
             raise ModelLoadError(
                 f"not enough GPU memory to load {path.name} in {dtype}",
@@ -225,6 +240,8 @@ def load_model(
                 f"cannot load the model in {path}: {_first_line(exc)}", hint=_REDO_HINT
             ) from None
     check_loaded_weights(path, info)
+    if not stored_blocks:
+        quantize_linears(model, mode)
     model.eval()
     return model, tokenizer
 
@@ -257,6 +274,19 @@ def check_loaded_weights(path: Path, info: dict[str, Any]) -> None:
         f"the weights in {path} do not match its config.json: tensors " + "; ".join(parts),
         hint="the model's files do not belong together: download or convert it again",
     )
+
+
+def _load_quantized(path: Path, config: Any, dtype: str, device: str, mode: str) -> Any:
+    """A model stored with its GGUF blocks kept, in SDPA attention where it has it."""
+    from pardec_cli.store.quantized import load_quantized_dir
+
+    try:
+        return load_quantized_dir(path, config, dtype=torch_dtype(dtype), device=device, weights=mode)
+    except ValueError as exc:
+        if "sdpa" not in str(exc).lower():
+            raise
+        return load_quantized_dir(path, config, dtype=torch_dtype(dtype), device=device, weights=mode,
+                                  attn_implementation="eager")  # fmt: skip
 
 
 def _from_pretrained(auto_class: Any, path: Path, kwargs: dict[str, Any]) -> Any:

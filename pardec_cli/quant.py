@@ -1,0 +1,249 @@
+"""Weight-only quantized Linear layers on PyTorch's own packed int8/int4 matmuls.
+
+A decoding step on a small batch reads every weight once, so its time is bounded by
+the bytes of weights it reads: int8 halves a bf16 model's bytes, int4 quarters them.
+Activations stay in the model's dtype (float32, bfloat16, float16); only the weights
+are stored as integers and dequantized inside the matmul kernel.
+
+- `Int8Linear`: per-output-channel symmetric int8, ``w[n, k] = q[n, k] * scale[n]``,
+  through ``torch.ops.aten._weight_int8pack_mm``.
+- `Int4Linear`: group-wise asymmetric 4-bit (groups of `group_size` along the input
+  dimension), ``w[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n]`` with g = k //
+  group_size, through ``_weight_int4pack_mm_for_cpu`` on CPU and ``_weight_int4pack_mm``
+  on CUDA (which packs differently and wants bfloat16 activations).
+
+Both are plain `nn.Module`s whose forward calls one aten op, so they run eagerly and
+trace under ``torch.compile`` without graph breaks. `quantize_linears` swaps them into
+a loaded model's decoder layers. The LM head and the embedding stay dense: Medusa,
+EAGLE, layer-skip and head training read ``get_output_embeddings().weight`` directly,
+and SmolLM2-style models tie the head to the embedding.
+
+This module depends on torch only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterator
+
+WEIGHT_MODES = ("auto", "full", "int8", "int4")
+DEFAULT_GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block size, so imported codes pack as they are
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale[:, None]).T + bias, with q int8 [out, in] and scale [out]."""
+
+    def __init__(self, weight_int8: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight_int8.shape
+        self.register_buffer("weight_int8", weight_int8.contiguous())  # [N, K] int8
+        self.register_buffer("scales", scales.contiguous())  # [N], the activation dtype
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+        """Quantize a dense [out, in] weight (symmetric, one scale per output row)."""
+        w = weight.detach().float()
+        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [N]
+        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        return cls(q, scales.to(weight.dtype), None if bias is None else bias.detach())
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight this layer multiplies by, [out, in] float32."""
+        return self.weight_int8.float() * self.scales.float()[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x [..., K] -> [M, K]; the op wants 2-D activations and scales in x's dtype.
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight_int8, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
+
+
+def int4_codes_from_weight(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit codes of a dense [N, K] weight: (q [N, K] uint8 in 0..15,
+    scale [N, K/g], minimum [N, K/g]) with w ~= q * scale + minimum (GGUF Q4_1's form)."""
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group_size, group_size)
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)  # [N, K/g]
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+    q = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    return q.reshape(n, k), scale, lo
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W.T + bias with W stored as packed 4-bit codes plus per-group scale/zero.
+
+    `packed` is the device-specific layout made by `pack_int4`; `scales_and_zeros` is
+    [K/group_size, N, 2] in bfloat16 on CUDA, the activation dtype on CPU.
+    """
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, *, in_features: int,
+                 out_features: int, group_size: int, bias: torch.Tensor | None) -> None:  # fmt: skip
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+
+    @classmethod
+    def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, *, group_size: int,
+                   dtype: torch.dtype, bias: torch.Tensor | None = None) -> Int4Linear:  # fmt: skip
+        """Build from codes q [N, K] (0..15) with w = q * scale + minimum per group.
+
+        torch's kernels compute w = (q - 8) * scale + zero, so zero = minimum + 8 * scale.
+        """
+        n, k = q.shape
+        zero = minimum.float() + 8.0 * scale.float()
+        device = q.device
+        if device.type == "cuda":
+            dtype = torch.bfloat16  # the CUDA kernel takes bfloat16 only
+        # [N, K/g] x2 -> [K/g, N, 2]
+        sz = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        return cls(pack_int4(q), sz, in_features=k, out_features=n, group_size=group_size,
+                   bias=None if bias is None else bias.detach())  # fmt: skip
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                    group_size: int = DEFAULT_GROUP_SIZE) -> Int4Linear:  # fmt: skip
+        """Quantize a dense [out, in] weight group-wise (min/max per group of inputs)."""
+        q, scale, lo = int4_codes_from_weight(weight, group_size)
+        return cls.from_codes(q, scale, lo, group_size=group_size, dtype=weight.dtype, bias=bias)
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight this layer multiplies by, [out, in] float32 (exactly the kernel's)."""
+        eye = torch.eye(self.in_features, dtype=self.scales_and_zeros.dtype, device=self.packed.device)
+        # x = I gives rows of W.T: [K, N] -> [N, K]
+        return self._matmul(eye).float().t().contiguous()
+
+    def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
+        if self.packed.device.type == "cuda":
+            return torch.ops.aten._weight_int4pack_mm(x2d, self.packed, self.group_size, self.scales_and_zeros)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2d, self.packed, self.group_size, self.scales_and_zeros)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._matmul(x.reshape(-1, self.in_features))  # [M, N]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"int4 group_size={self.group_size}")  # fmt: skip
+
+
+def pack_int4(q: torch.Tensor, inner_k_tiles: int = 8) -> torch.Tensor:
+    """Pack 4-bit codes q [N, K] (values 0..15) into the layout of q's device's kernel.
+
+    CPU: ``_convert_weight_to_int4pack_for_cpu`` takes int32 codes [N, K] and returns
+    uint8 [N, K/2]. CUDA: ``_convert_weight_to_int4pack`` takes uint8 [N, K/2] with two
+    codes per byte (the even column in the high nibble) and returns its tiled int32
+    layout; it needs N % 8 == 0 and K % (inner_k_tiles * 16) == 0.
+    """
+    if q.device.type == "cuda":
+        q = q.to(torch.uint8)
+        pairs = (q[:, ::2] << 4) | q[:, 1::2]  # [N, K/2]
+        return torch.ops.aten._convert_weight_to_int4pack(pairs.contiguous(), inner_k_tiles)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+
+
+def can_int4(linear: nn.Linear, group_size: int) -> bool:
+    """Whether the int4 kernel takes this layer's shape (input dim in whole groups; CUDA
+    also needs the tile multiples of `pack_int4`)."""
+    n, k = linear.weight.shape
+    if k % group_size:
+        return False
+    if linear.weight.device.type == "cuda":
+        return n % 8 == 0 and k % 128 == 0
+    return k % 2 == 0
+
+
+def decoder_linears(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
+    """Every nn.Linear of the model except its output head (kept dense, see the module doc)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module is not head:
+            yield name, module
+
+
+def quantize_linears(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZE,
+                     prepared: dict[str, nn.Module] | None = None) -> int:  # fmt: skip
+    """Replace the decoder's nn.Linear layers with `Int8Linear` ("int8") or `Int4Linear`
+    ("int4") in place; return how many were replaced ("full" replaces none).
+
+    `prepared` maps module names to ready quantized modules (for example built straight
+    from a GGUF file's 4-bit codes); those are used instead of quantizing the dense weight.
+    A layer the int4 kernel cannot take keeps its dense weight.
+    """
+    if mode == "full":
+        return 0
+    if mode not in ("int8", "int4"):
+        raise ValueError(f"unknown weight mode {mode!r}")
+    prepared = prepared or {}
+    replaced = 0
+    for name, linear in list(decoder_linears(model)):
+        new = prepared.get(name)
+        if new is None:
+            if mode == "int8":
+                new = Int8Linear.from_weight(linear.weight, linear.bias)
+            elif can_int4(linear, group_size):
+                new = Int4Linear.from_weight(linear.weight, linear.bias, group_size=group_size)
+            else:
+                continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, new)
+        replaced += 1
+    return replaced
+
+
+def weights_label(model: nn.Module) -> str:
+    """What the model's decoder layers hold: "int8", "int4", or "full" (dense)."""
+    kinds = {type(m) for m in model.modules()}
+    if Int4Linear in kinds:
+        return "int4"
+    if Int8Linear in kinds:
+        return "int8"
+    return "full"
+
+
+# What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
+# for GGUF 4-bit blocks kept, None for dense); anything else is "full". Measured with
+# `python -m pardec_cli.devtools.measure_weights --threads 1 --seconds 240` on the
+# embedded SmolLM2-135M (AMD EPYC, AVX512 with avx512_bf16, no AMX; torch 2.13; load
+# average ~8 from other jobs, all configurations interleaved), one forward over a
+# 300-token context, median ms for 1 / 16 new tokens:
+#   bfloat16  full 142 / 174   int8  98 / 191   int4  76 / 153
+#   float32   full 121 / 256   int8 224 / 2882  int4 456 / 6140
+# So in bfloat16 int4 is fastest for both one token and a 16-token verification, and for
+# a model stored as 4-bit blocks it is those very codes: auto picks it there. int8 is
+# slower than dense at 16 tokens (what parallel decoding verifies), and a dense model
+# would lose precision to int4, so dense models stay dense. In float32 the packed
+# kernels are far slower than dense.
+AUTO_CPU: dict[tuple[str, str | None], str] = {("bfloat16", "q4"): "int4"}
+
+
+def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None) -> str:
+    """`--weights` -> "full", "int8" or "int4" for this device, dtype and stored form.
+
+    "auto" takes `AUTO_CPU` on a CPU and "full" elsewhere (the CUDA kernels are written
+    but not measured here). `stored` is "q4" for a model kept as GGUF 4-bit blocks
+    (`store.quantized`), None for dense weights.
+    """
+    from pardec_cli.errors import PardecUsageError
+
+    if weights not in WEIGHT_MODES:
+        raise PardecUsageError(f"unknown --weights {weights!r}", hint="use one of " + ", ".join(WEIGHT_MODES))
+    if weights != "auto":
+        return weights
+    if device == "cpu":
+        return AUTO_CPU.get((dtype, stored), "full")
+    return "full"

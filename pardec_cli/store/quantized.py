@@ -1,0 +1,217 @@
+"""A GGUF file's 4/8-bit blocks kept as they are in pardec's store, and loaded from there.
+
+Layout of a model directory stored this way: the usual config.json, generation config
+and tokenizer files, plus ``pardec-quant.safetensors`` and ``pardec-quant.json`` (not
+``model.safetensors``: a pardec or transformers that does not know this layout finds no
+weights and says so, rather than filling the missing tensors at random). For each
+tensor that was Q4_0, Q4_1 or Q8_0 in the GGUF file (blocks of 32 along the input
+dimension) the safetensors file holds, under the Hugging Face parameter name:
+
+- Q4 (Q4_0 and Q4_1): ``<name>.q4_codes`` uint8 [N, K/2], two 4-bit codes a byte (column
+  2i in the low nibble, 2i+1 in the high), ``<name>.q4_scale`` and ``<name>.q4_min``
+  float16 [N, K/32]; w = q * scale + min (Q4_0's w = (q - 8) * d is min = -8 d, exact
+  in float16).
+- Q8_0: ``<name>.q8_codes`` int8 [N, K], ``<name>.q8_scale`` float16 [N, K/32]; w = q * scale.
+
+Every other tensor is stored dense (float32) under its own name. ``pardec-quant.json``
+lists the quantized tensors: ``{"format": 1, "block": 32, "tensors": {name: "q4"|"q8"}}``.
+The stored model takes about the GGUF file's size instead of 4 bytes per parameter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pardec_cli.errors import ModelLoadError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+    from torch import nn
+
+QUANT_FILE = "pardec-quant.json"
+WEIGHTS_FILE = "pardec-quant.safetensors"
+BLOCK = 32
+# Architectures whose transformers tensor processor only permutes rows of a weight
+# (llama's rotary un-permutation) or leaves it alone: their blocks can be kept as they are.
+_ROW_SAFE_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor")
+
+
+def is_quantized_dir(path: Path) -> bool:
+    """Whether `path` holds a model stored with its GGUF blocks kept (`pardec-quant.json`)."""
+    return (Path(path) / QUANT_FILE).is_file()
+
+
+# -------------------------------------------------------------------- GGUF blocks
+
+
+def _gguf_blocks(tensor: Any) -> tuple[str, dict[str, np.ndarray]] | None:
+    """Split a Q4_0/Q4_1/Q8_0 GGUF tensor into codes and scales (numpy), else None.
+
+    ``tensor.data`` is uint8 [N, K/32 * bytes per block]. Q4_1 block (20 bytes):
+    d f16, m f16, 16 bytes whose low nibbles are elements 0..15 and high nibbles 16..31;
+    Q4_0 (18 bytes) has no m (w = (q - 8) d); Q8_0 (34 bytes): d f16, 32 x int8.
+    """
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+
+    kind = tensor.tensor_type
+    if kind not in (T.Q4_0, T.Q4_1, T.Q8_0) or len(tensor.data.shape) != 2:
+        return None
+    n = tensor.data.shape[0]
+    size = {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind]
+    blocks = np.ascontiguousarray(tensor.data).reshape(n, -1, size)  # [N, K/32, bytes]
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]  # [N, K/32]
+    if kind == T.Q8_0:
+        codes = blocks[..., 2:].copy().view(np.int8).reshape(n, -1)  # [N, K]
+        return "q8", {"q8_codes": codes, "q8_scale": d}
+    if kind == T.Q4_1:
+        m, qs = blocks[..., 2:4].copy().view(np.float16)[..., 0], blocks[..., 4:]
+    else:
+        m, qs = (d * np.float16(-8)).astype(np.float16), blocks[..., 2:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)  # [N, K], 0..15
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)  # [N, K/2]
+    return "q4", {"q4_codes": packed, "q4_scale": d, "q4_min": m}
+
+
+def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str | None) -> bool:
+    """Write `gguf_path` into `out_dir` with its Q4/Q8 blocks kept; False when the file's
+    architecture needs transformers' dense conversion instead (nothing is written then).
+
+    Config and tokenizer come from transformers' GGUF reader (metadata only); tensor
+    names from its GGUF -> Hugging Face name map; the rows of attention weights are
+    un-permuted by transformers' own tensor processor, applied to codes and scales.
+    """
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, dequantize
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        read_field,
+    )
+
+    reader = GGUFReader(str(gguf_path))
+    architecture = read_field(reader, "general.architecture")[0]
+    processor_class = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
+    if processor_class.__name__ not in _ROW_SAFE_PROCESSORS:
+        return False
+    where = {"gguf_file": gguf_path.name}
+    config = AutoConfig.from_pretrained(str(gguf_path.parent), **where)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **where)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    processor = processor_class(config=config.to_dict())
+    names = get_gguf_hf_weights_map(skeleton, processor)
+    wanted = set(skeleton.state_dict())
+
+    tensors: dict[str, torch.Tensor] = {}
+    layout: dict[str, str] = {}
+    for tensor in reader.tensors:
+        hf_name = names.get(tensor.name)
+        if hf_name not in wanted:
+            continue  # e.g. rope_freqs: computed by the model itself
+        split = _gguf_blocks(tensor)
+        if split is None:
+            weights = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name).weights
+            tensors[hf_name] = torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+            continue
+        kind, parts = split
+        layout[hf_name] = kind
+        for suffix, array in parts.items():
+            # Row un-permutation of q/k weights: the same for codes and their scales.
+            array = processor.process(weights=array, name=tensor.name).weights
+            tensors[f"{hf_name}.{suffix}"] = torch.from_numpy(np.ascontiguousarray(array))
+    save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    (out_dir / QUANT_FILE).write_text(json.dumps({"format": 1, "block": BLOCK, "tensors": layout}, indent=1))
+    config._name_or_path = source_repo or gguf_path.stem
+    config.dtype = "float32"
+    config.save_pretrained(str(out_dir))
+    GenerationConfig.from_model_config(config).save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return True
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def unpack_q4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] two codes a byte -> uint8 [N, K] (column 2i from the low nibble)."""
+    import torch
+
+    n, half = packed.shape
+    codes = torch.empty(n, 2 * half, dtype=torch.uint8, device=packed.device)
+    torch.bitwise_and(packed, 0x0F, out=codes[:, 0::2])
+    torch.bitwise_right_shift(packed, 4, out=codes[:, 1::2])
+    return codes
+
+
+def _repeat_blocks(x: torch.Tensor) -> torch.Tensor:
+    """[N, K/32] -> [N, K] float32: one value per block spread over its 32 columns."""
+    return x.float().repeat_interleave(BLOCK, dim=1)
+
+
+def dequantize_stored(kind: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The exact float32 weight [N, K] of stored blocks (as GGUF's own dequantization:
+    float16 scale and min widened to float32, then q * d + m in float32)."""
+    if kind == "q8":
+        return parts["q8_codes"].float() * _repeat_blocks(parts["q8_scale"])
+    return unpack_q4(parts["q4_codes"]).float() * _repeat_blocks(parts["q4_scale"]) + _repeat_blocks(parts["q4_min"])
+
+
+def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: str, weights: str,
+                       attn_implementation: str = "sdpa") -> nn.Module:  # fmt: skip
+    """Build the model of a directory stored by `convert_gguf_quantized`.
+
+    `weights` is "full" (every block dequantized exactly, then cast to `dtype`), "int8"
+    (requantized per channel by `quantize_linears`) or "int4" (Q4 codes packed straight
+    into `Int4Linear`, without a round trip through float weights).
+    """
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from pardec_cli.quant import Int4Linear, quantize_linears
+
+    try:
+        layout = json.loads((Path(path) / QUANT_FILE).read_text("utf-8"))["tensors"]
+        stored = load_file(str(Path(path) / WEIGHTS_FILE))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot read the quantized model in {path}: {exc}",
+                             hint="import the GGUF file again") from None  # fmt: skip
+    from accelerate import init_empty_weights
+
+    # Parameters on the meta device (no random init: they are all assigned below);
+    # buffers such as rotary frequencies are built for real.
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    state: dict[str, torch.Tensor] = {}
+    prepared: dict[str, nn.Module] = {}
+    for name, kind in layout.items():
+        parts = {key.rsplit(".", 1)[1]: t for key, t in stored.items() if key.rsplit(".", 1)[0] == name}
+        module_name = name.removesuffix(".weight")
+        if weights == "int4" and kind == "q4" and module_name != "lm_head":
+            codes = unpack_q4(parts["q4_codes"])
+            prepared[module_name] = Int4Linear.from_codes(
+                codes.to(device), parts["q4_scale"].to(device), parts["q4_min"].to(device),
+                group_size=BLOCK, dtype=dtype,
+            )
+            continue
+        state[name] = dequantize_stored(kind, parts).to(dtype)
+    for name, tensor in stored.items():
+        if name.rsplit(".", 1)[0] not in layout:
+            state[name] = tensor.to(dtype)
+    # Parameters not in `state` (prepared linears, a tied head) stay on the meta device
+    # until tie_weights and quantize_linears fill them.
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    quantize_linears(model, weights if weights in ("int8", "int4") else "full", prepared=prepared)
+    leftover = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
+    if leftover:
+        raise ModelLoadError(f"the quantized model in {path} lacks {leftover[0]}", hint="import the GGUF file again")
+    return model.to(device)

@@ -1,0 +1,263 @@
+"""Quantized weights: int8/int4 Linear layers, `--weights`, and GGUF blocks kept in the store.
+
+- A quantized Linear multiplies by exactly the weight it reports (`dequantize`), and
+  that weight is close to the dense one it came from.
+- The quantized model runs eagerly and under torch.compile with the same logits.
+- On the same quantized weights in float32, every method's greedy output equals
+  vanilla's, token for token.
+- `pardec import` keeps a Q4_1/Q8_0 GGUF quantized (small on disk) and loads it to
+  exactly the values GGUF's own dequantization gives.
+- `--weights` reaches the model, shows in --stats, and a bad value is one clear line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.quant import Int4Linear, Int8Linear, quantize_linears, resolve_weights, weights_label
+from tests.cli_helpers import invoke
+from tests.test_exactness import random_prompt, run
+from tests.tiny_models import peaked, tiny_llama
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+# ------------------------------------------------------------------ the layers
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("make", [Int8Linear.from_weight, Int4Linear.from_weight], ids=["int8", "int4"])
+def test_a_quantized_linear_multiplies_by_its_dequantized_weight(make, dtype) -> None:
+    torch.manual_seed(0)
+    dense = nn.Linear(128, 96, bias=True)
+    layer = make(dense.weight.to(dtype), dense.bias.to(dtype))
+    x = torch.randn(3, 5, 128).to(dtype)  # [batch, tokens, in]
+    y = layer(x)
+    assert y.shape == (3, 5, 96) and y.dtype == dtype
+    reference = x.float() @ layer.dequantize().t() + dense.bias.to(dtype).float()
+    tolerance = 1e-4 if dtype == torch.float32 else 0.1
+    assert (y.float() - reference).abs().max().item() < tolerance * reference.abs().max().item() + 1e-4
+    # ... and the quantized weight is within half a quantization step of the dense one
+    # (a step is max|w| / 127 for int8, at most 2 max|w| / 15 for int4), plus the
+    # rounding of bfloat16 scales.
+    given = dense.weight.to(dtype).float()
+    error = (layer.dequantize() - given).abs().max().item()
+    step = given.abs().max().item() * (1 / 127 if make == Int8Linear.from_weight else 2 / 15)
+    assert error <= step * (0.51 if dtype == torch.float32 else 0.8)
+
+
+def test_int4_from_codes_follows_gguf_q4_1_arithmetic() -> None:
+    """w = q * d + m (GGUF Q4_1) with torch's (q - 8) * scale + zero: zero = m + 8 d."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(0, 16, (64, 96), generator=g, dtype=torch.uint8)
+    d = (torch.rand(64, 3, generator=g) * 0.01).half()
+    m = (torch.randn(64, 3, generator=g) * 0.05).half()
+    layer = Int4Linear.from_codes(q, d, m, group_size=32, dtype=torch.float32)
+    expected = q.float() * d.float().repeat_interleave(32, 1) + m.float().repeat_interleave(32, 1)
+    assert torch.allclose(layer.dequantize(), expected, atol=1e-6)
+
+
+def test_quantize_linears_keeps_the_head_and_embedding_dense() -> None:
+    model = tiny_llama(layers=2)
+    replaced = quantize_linears(model, "int8")
+    assert replaced == 2 * 7  # q, k, v, o, gate, up, down per layer
+    assert isinstance(model.lm_head, nn.Linear) and isinstance(model.get_output_embeddings().weight, torch.Tensor)
+    assert weights_label(model) == "int8"
+    assert quantize_linears(tiny_llama(layers=1), "full") == 0
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_quantized_model_compiles_without_graph_breaks_and_matches_eager(mode) -> None:
+    model = quantize_linears_on(tiny_llama(layers=2, hidden=64), mode)
+    ids = torch.tensor([random_prompt(0, 12)])
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(ids)
+    assert explanation.graph_break_count == 0
+    compiled = torch.compile(model, backend="inductor")
+    with torch.no_grad():
+        eager, traced = model(ids).logits, compiled(ids).logits
+    assert torch.allclose(eager, traced, atol=1e-4)
+
+
+def quantize_linears_on(model: nn.Module, mode: str) -> nn.Module:
+    quantize_linears(model, mode)
+    return model
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["pld", "suffix", "recycling"])
+def test_greedy_methods_equal_vanilla_on_the_same_quantized_weights(mode, method) -> None:
+    for seed in (0, 1):
+        target = quantize_linears_on(peaked(tiny_llama(seed)), mode)
+        prompt = random_prompt(seed) * 2  # repeats give the lookup methods something to draft
+        vanilla, _ = run("vanilla", {}, target, prompt, max_new_tokens=40)
+        tokens, _ = run(method, {}, target, prompt, max_new_tokens=40)
+        assert tokens == vanilla
+
+
+def test_weights_modes_resolve_and_a_bad_one_is_a_usage_error() -> None:
+    assert resolve_weights("int4", dtype="float32", device="cpu", stored=None) == "int4"
+    assert resolve_weights("auto", dtype="bfloat16", device="cuda", stored=None) == "full"
+    # auto: the measured table (4-bit blocks run as int4 in bfloat16; dense stays dense)
+    assert resolve_weights("auto", dtype="bfloat16", device="cpu", stored="q4") == "int4"
+    assert resolve_weights("auto", dtype="bfloat16", device="cpu", stored=None) == "full"
+    assert resolve_weights("auto", dtype="float32", device="cpu", stored="q4") == "full"
+    with pytest.raises(PardecUsageError, match="--weights"):
+        resolve_weights("int3", dtype="float32", device="cpu", stored=None)
+
+
+# ------------------------------------------------------------- GGUF kept quantized
+
+
+TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("!"), ord("!") + 93)]  # 96 tokens
+
+
+def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2) -> dict[str, np.ndarray]:
+    """A tiny llama GGUF (Q4_1 linears, Q8_0 embedding, F32 norms); returns the float
+    weights written, by GGUF name, before quantization."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny")
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(hidden * 2)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(TOKENS)
+    writer.add_token_scores([0.0] * len(TOKENS))
+    writer.add_token_types([2, 3, 3] + [1] * (len(TOKENS) - 3))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    written: dict[str, np.ndarray] = {}
+
+    def add(name: str, shape: tuple[int, ...], kind: T) -> None:
+        w = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        written[name] = w
+        if kind == T.F32:
+            writer.add_tensor(name, w)
+        else:
+            q = gguf.quants.quantize(w, kind)  # uint8 [rows, bytes per row]
+            writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
+
+    kv = hidden // 2  # 2 of 4 heads
+    add("token_embd.weight", (len(TOKENS), hidden), T.Q8_0)
+    for i in range(layers):
+        add(f"blk.{i}.attn_norm.weight", (hidden,), T.F32)
+        add(f"blk.{i}.ffn_norm.weight", (hidden,), T.F32)
+        for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                            ("attn_output", (hidden, hidden)), ("ffn_gate", (2 * hidden, hidden)),
+                            ("ffn_up", (2 * hidden, hidden)), ("ffn_down", (hidden, 2 * hidden))]:  # fmt: skip
+            add(f"blk.{i}.{name}.weight", shape, T.Q4_1)
+    add("output_norm.weight", (hidden,), T.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return written
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "tiny.Q4_1.gguf"
+    write_tiny_gguf(path)
+    return path
+
+
+def test_import_keeps_q4_and_q8_blocks_and_stays_small(tiny_gguf: Path) -> None:
+    from gguf import GGUFReader
+
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.layout import read_marker
+
+    path = import_gguf(tiny_gguf, "tiny-q")
+    layout = json.loads((path / "pardec-quant.json").read_text())["tensors"]
+    assert layout["model.embed_tokens.weight"] == "q8"
+    assert layout["model.layers.0.self_attn.q_proj.weight"] == "q4"
+    assert read_marker(path)["stored"] == "gguf-blocks"
+    tensor_bytes = sum(t.n_bytes for t in GGUFReader(str(tiny_gguf)).tensors)
+    assert (path / "pardec-quant.safetensors").stat().st_size <= 1.3 * tensor_bytes
+
+
+def test_a_kept_gguf_loads_to_exactly_transformers_dequantized_weights(tiny_gguf: Path) -> None:
+    """The reference is transformers' own GGUF loader (gguf's dequantization, q/k rows
+    un-permuted), which pardec used before keeping blocks."""
+    from transformers import AutoModelForCausalLM
+
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+
+    path = import_gguf(tiny_gguf, "tiny-q")
+    model, _ = load_model(path, dtype="float32", device="cpu", weights="full")
+    reference = AutoModelForCausalLM.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name,
+                                                     dtype=torch.float32)  # fmt: skip
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert set(ours) == set(theirs)
+    for name in theirs:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+def test_int4_from_kept_codes_equals_the_dequantized_weights(tiny_gguf: Path) -> None:
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+
+    path = import_gguf(tiny_gguf, "tiny-q")
+    full, _ = load_model(path, dtype="float32", device="cpu", weights="full")
+    packed, _ = load_model(path, dtype="float32", device="cpu", weights="int4")
+    layer = packed.model.layers[1].self_attn.k_proj
+    assert isinstance(layer, Int4Linear)
+    dense = full.model.layers[1].self_attn.k_proj.weight
+    assert torch.allclose(layer.dequantize(), dense, atol=1e-5)  # only the bf16-free fp32 zero rounding
+    int8, _ = load_model(path, dtype="float32", device="cpu", weights="int8")
+    assert isinstance(int8.model.layers[0].mlp.down_proj, Int8Linear)
+    ids = torch.tensor([random_prompt(3, 10)])
+    with torch.no_grad():
+        a, b = full(ids).logits, packed(ids).logits
+    assert torch.allclose(a, b, atol=1e-4)
+
+
+# ----------------------------------------------------------------------- the CLI
+
+
+def test_weights_flag_shows_in_stats(tiny_cli_model: Path) -> None:
+    result = invoke(["gen", "-m", str(tiny_cli_model), "--weights", "int8", "--dtype", "float32",
+                     "-n", "4", "--method", "vanilla", "--stats", "hi"])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "(float32, int8 weights, cpu)" in result.stderr
+
+
+def test_a_bad_weights_value_is_one_clear_line(tiny_cli_model: Path) -> None:
+    result = invoke(["gen", "-m", str(tiny_cli_model), "--weights", "int3", "hi"])
+    assert result.exit_code == 2
+    assert "'int3' is not one of 'auto', 'full', 'int8', 'int4'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_embedded_copy_expanded_by_an_earlier_pardec_is_converted_again_once(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pardec_cli.home import models_dir
+    from pardec_cli.store import embedded, gguf_import, layout
+
+    old = models_dir() / embedded.EMBEDDED_ALIAS
+    old.mkdir(parents=True)
+    (old / "config.json").write_text("{}")
+    layout.write_marker(old, source="gguf", dtype="float32")  # no "stored": the dense float32 copy
+    monkeypatch.setattr(embedded, "find_embedded_gguf", lambda: tiny_gguf)
+    path = embedded.ensure_embedded_model()
+    assert layout.read_marker(path)["stored"] == "gguf-blocks" and (path / "pardec-quant.json").is_file()
+    monkeypatch.setattr(gguf_import, "_convert", lambda *a, **k: pytest.fail("converted twice"))
+    assert embedded.ensure_embedded_model() == path
