@@ -71,7 +71,7 @@ def test_doctor_prints_the_floor_of_the_model_and_the_forward_against_it(tiny_cl
     start = lines.index(f"floor of {tiny_cli_model}")
     memory, weights, floor, forward = lines[start + 1: start + 5]
     assert memory.startswith("  memory        10.0 GB/s on cpu (copy test")
-    assert weights.startswith("  weights       ") and weights.endswith("MB read by one forward (float32)")
+    assert weights.startswith("  weights       ") and weights.endswith("MB read by one forward (float32, eager step)")
     assert floor.startswith("  floor         ") and floor.endswith("ms per forward (weights / bandwidth)")
     assert forward.startswith("  forward       ") and "ms for one token over a 300-token context: " in forward
     assert forward.endswith("x the floor")
