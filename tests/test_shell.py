@@ -22,7 +22,8 @@ from pardec_cli.session import Session, TextStream
 from tests.cli_helpers import invoke
 from tests.conftest import TINY_CONTEXT
 
-RESULT_FIELDS = {"text", "model", "method", "knobs", "profile", "dtype", "device", "finish_reason", "stats"}
+RESULT_FIELDS = {"text", "model", "method", "knobs", "profile", "dtype", "weights", "device", "compiled", "finish_reason",
+                 "stats"}
 STEP_FIELDS = {"type", "step", "text", "tokens", "drafted", "accepted", "propose_s", "verify_s", "elapsed_s"}
 def gen(model: Path, *args: str, input: str | None = None):
     return invoke(["gen", "-m", str(model), "--dtype", "float32", *args], input=input)

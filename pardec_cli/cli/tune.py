@@ -76,7 +76,7 @@ def tune(model: str | None, dtype: str, weights: str, device: str, offline: bool
     if reset:
         reset_results(model)
         return
-    run_tune(model, dtype, device, offline, profile, budget, prompts_file, methods_text, max_tokens, weights)
+    run_tune(model, dtype, device, offline, profile, budget, prompts_file, methods_text, max_tokens, weights, compile)
 
 
 def _model_key(model: str | None, device: str, dtype: str) -> tuple[str, str | None, str, str]:
@@ -148,7 +148,8 @@ def reset_results(model: str | None) -> None:
 
 
 def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, profile: str, budget: float,
-             prompts_file: Path | None, methods_text: str, max_tokens: int, weights: str = "auto") -> None:
+             prompts_file: Path | None, methods_text: str, max_tokens: int, weights: str = "auto",
+             compile: str = "auto") -> None:
     from pardec_cli.planning import load_profiles_checked
     from pardec_cli.errors import PardecUsageError
     from pardec_cli.methods.registry import get_spec
