@@ -16,6 +16,7 @@ from itertools import count, zip_longest
 from time import perf_counter
 from typing import Any
 
+from pardec_cli.engine.events import GenerationStats
 from pardec_cli.errors import PardecError
 from pardec_cli.vllm_engine.plan import require_vllm
 
@@ -84,22 +85,30 @@ class VllmStats:
     def accepted_tokens(self) -> int:
         return self.spec.accepted
 
+    def as_generation_stats(self) -> GenerationStats:
+        """The same numbers as pardec's own `GenerationStats`, whose rates (tokens/s, tokens
+        per step, acceptance) are then computed by the one definition both engines share."""
+        return GenerationStats(
+            prompt_tokens=self.prompt_tokens, generated_tokens=self.generated_tokens, steps=self.steps,
+            drafted_tokens=self.drafted_tokens, accepted_tokens=self.accepted_tokens,
+            ttft_s=self.ttft_s, total_s=self.total_s,
+        )
+
     @property
     def tokens_per_s(self) -> float:
-        return self.generated_tokens / self.total_s if self.total_s > 0 else 0.0
+        return self.as_generation_stats().tokens_per_s
 
     @property
     def decode_tokens_per_s(self) -> float:
-        span = self.total_s - self.ttft_s
-        return (self.generated_tokens - 1) / span if span > 0 else 0.0
+        return self.as_generation_stats().decode_tokens_per_s
 
     @property
     def mean_tokens_per_step(self) -> float:
-        return (self.generated_tokens - 1) / self.steps if self.steps else 0.0
+        return self.as_generation_stats().mean_tokens_per_step
 
     @property
     def acceptance_rate(self) -> float:
-        return self.spec.accepted / self.spec.draft_tokens if self.spec.draft_tokens else 0.0
+        return self.as_generation_stats().acceptance_rate
 
     @property
     def acceptance_per_position(self) -> list[float]:
@@ -111,21 +120,9 @@ class VllmStats:
 
         (propose_s / verify_s are left out: vLLM does not time drafting and verification apart.)
         """
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "steps": self.steps,
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "ttft_s": round(self.ttft_s, 5),
-            "total_s": round(self.total_s, 5),
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
-            "mean_tokens_per_step": round(self.mean_tokens_per_step, 4),
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "drafts": self.spec.drafts,
-            "acceptance_per_position": self.acceptance_per_position,
-        }
+        data = self.as_generation_stats().to_dict()
+        del data["propose_s"], data["verify_s"]
+        return {**data, "drafts": self.spec.drafts, "acceptance_per_position": self.acceptance_per_position}
 
 
 @dataclass
