@@ -33,7 +33,7 @@ BASELINES = {
     "llamacpp": "llama.cpp greedy on the model's GGUF file, in a worker process (pip install 'pardec[peers]')",
 }
 OVERALL = "overall"
-AUTO = "auto"  # not a method: chosen per prompt by pardec_cli.select
+AUTO = "auto"  # not a method: chosen per prompt by pardec_cli.selection.selector
 
 
 @dataclass(frozen=True)
@@ -321,7 +321,7 @@ class Bench:
         self.profile = profile
         self.selector = None
         if any(c.name == AUTO for c in choices):
-            from pardec_cli.select import AutoSelector
+            from pardec_cli.selection.selector import AutoSelector
 
             self.selector = AutoSelector.for_session(session)
         self._auto_choices: dict[str, Any] = {}

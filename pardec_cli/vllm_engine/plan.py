@@ -90,13 +90,13 @@ def auto_choice(resolved: Any, prompt: str, profile: str, *, greedy: bool, gpus:
     loaded): the hardware (the first GPU, or the CPU), the accelerators installed for
     the model, tuned results; methods vLLM lacks are skipped with that reason.
     """
-    from pardec_cli.costmodel import ModelShape
+    from pardec_cli.selection.costmodel import ModelShape
     from pardec_cli.hardware import auto_dtype, cpu_info, describe
-    from pardec_cli.profiles import load_profiles
-    from pardec_cli.select import AutoSelector, ModelInfo
+    from pardec_cli.selection.profiles import load_profiles
+    from pardec_cli.selection.selector import AutoSelector, ModelInfo
     from pardec_cli.store.accelerators import installed_accelerators
     from pardec_cli.store.inventory import config_summary
-    from pardec_cli.tuning.results import find_results, fingerprint_directory, unusable_results
+    from pardec_cli.selection.tuned import find_results, fingerprint_directory, unusable_results
 
     cpu = cpu_info()
     device = "cuda:0" if gpus else "cpu"
