@@ -144,7 +144,7 @@ class Session:
         self.offline = offline
         self._drafters: dict[str, tuple[Any, Any]] = {}
         self._proposers: dict[tuple[str, str], Any] = {}
-        self._auto_selector: Any = None
+        self._auto_selectors: dict[tuple[str, ...], Any] = {}
         self.method_name = "vanilla"
         self.method_options: dict[str, Any] = {}
         self.proposer = self._build("vanilla", {})
@@ -233,14 +233,17 @@ class Session:
         """A new proposer for this session's model, without making it the current method."""
         return self._build(name, dict(options or {}))
 
-    def auto_selector(self) -> Any:
+    def auto_selector(self, drafters: Sequence[str] = (), *, refresh: bool = False) -> Any:
         """`--method auto`'s `AutoSelector` for this model and machine, built on first use
-        (it reads the hardware, the profiles, the installed accelerators and tuned results)."""
-        if self._auto_selector is None:
-            from pardec_cli.selection.selector import AutoSelector
+        (`planning.build_selector`: the hardware, the profiles, the installed accelerators
+        plus `drafters`, and tuned results) and kept per set of drafters. `refresh` reads
+        everything again (after `pardec tune` saved new results)."""
+        key = tuple(drafters)
+        if refresh or key not in self._auto_selectors:
+            from pardec_cli.planning import build_selector
 
-            self._auto_selector = AutoSelector.for_session(self)
-        return self._auto_selector
+            self._auto_selectors[key] = build_selector(self, key)
+        return self._auto_selectors[key]
 
     def set_method(self, name: str, options: Mapping[str, Any] | None = None) -> None:
         """Switch the decoding method (validated; the old one stays if this fails).
