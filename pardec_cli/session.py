@@ -211,22 +211,32 @@ class Session:
         return found.path if found is not None else None
 
     def _load_drafter(self, spec: str) -> tuple[Any, Any]:
-        """Load (once) a second model on the target's device and dtype."""
+        """Load (once) a second model on the target's device and dtype; it must share the
+        target's tokenizer (drafted ids are compared with the target's)."""
         if spec not in self._drafters:
             from pardec_cli.engine.model import LanguageModel
             from pardec_cli.store.loading import load_model
             from pardec_cli.store.resolve import resolve_model
+            from pardec_cli.store.tokenizer_compat import tokenizer_mismatch
 
             resolved = resolve_model(spec, offline=self.offline)
             model, tokenizer = load_model(resolved.path, dtype=self.dtype, device=self.device)
+            problem = tokenizer_mismatch(self.tokenizer, tokenizer)
+            if problem:
+                raise PardecUsageError(
+                    f"draft model {spec!r} does not share the target's tokenizer: {problem}",
+                    hint="choose a drafter from the same model family",
+                )
             self._drafters[spec] = (LanguageModel(model), tokenizer)
         return self._drafters[spec]
 
     def _build(self, name: str, options: Mapping[str, Any]) -> Any:
         from pardec_cli.methods.base import MethodEnv
         from pardec_cli.methods.registry import create
+        from pardec_cli.store.heads import read_marker
 
-        env = MethodEnv(self.target, self.tokenizer, self._load_drafter, self._find_heads, self.model_name)
+        env = MethodEnv(self.target, self.tokenizer, self._load_drafter, self._find_heads, self.model_name,
+                        heads_notes=read_marker)
         return create(name, options, env)
 
     def build_proposer(self, name: str, options: Mapping[str, Any] | None = None) -> Any:

@@ -5,7 +5,6 @@ method names and model names, without importing torch or transformers.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path

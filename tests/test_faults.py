@@ -487,7 +487,7 @@ def test_concurrent(case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
         def write(i: int) -> None:
             for n in range(5):
-                replace_dir(folder, lambda tmp: (tmp / "config.json").write_text(json.dumps({"writer": i, "n": n})))
+                replace_dir(folder, lambda tmp, n=n: (tmp / "config.json").write_text(json.dumps({"writer": i, "n": n})))
 
         _in_processes(write)
         assert json.loads((folder / "config.json").read_text())["n"] == 4

@@ -10,7 +10,6 @@ the CLI's error boundary (`tests.cli_helpers.invoke`).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
