@@ -154,6 +154,7 @@ finally:
 """
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("line", ["pardec ", "pardec gen --method ", "pardec gen -m my"])
 def test_real_process_answers_without_importing_torch(installed, line):
     done = subprocess.run([sys.executable, "-c", REAL_PROCESS, line], capture_output=True, text=True, timeout=60)
