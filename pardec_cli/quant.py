@@ -261,18 +261,10 @@ def weights_label(model: nn.Module) -> str:
 
 
 # What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
-# for GGUF 4-bit blocks kept, None for dense); anything else is "full". Measured with
-# `python -m devtools.measure_weights --threads 1 --seconds 240` on the
-# embedded SmolLM2-135M (AMD EPYC, AVX512 with avx512_bf16, no AMX; torch 2.13; load
-# average ~8 from other jobs, all configurations interleaved), one forward over a
-# 300-token context, median ms for 1 / 16 new tokens:
-#   bfloat16  full 142 / 174   int8  98 / 191   int4  76 / 153
-#   float32   full 121 / 256   int8 224 / 2882  int4 456 / 6140
-# So in bfloat16 int4 is fastest for both one token and a 16-token verification, and for
-# a model stored as 4-bit blocks it is those very codes: auto picks it there. int8 is
-# slower than dense at 16 tokens (what parallel decoding verifies), and a dense model
-# would lose precision to int4, so dense models stay dense. In float32 the packed
-# kernels are far slower than dense.
+# for GGUF 4-bit blocks kept, None for dense); anything else is "full". In bfloat16, int4
+# over a model's own 4-bit blocks was fastest for one token and for a 16-token
+# verification; int8, and any packed kernel in float32, were slower than dense. The
+# measurement (devtools/measure_weights.py) is in docs/weights.md.
 AUTO_CPU: dict[tuple[str, str | None], str] = {("bfloat16", "q4"): "int4"}
 
 
