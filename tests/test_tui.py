@@ -333,7 +333,7 @@ async def test_set_and_profile_commands_change_sampling() -> None:
         assert (s.temperature, s.top_k, s.seed, s.max_tokens, s.profile) == (0.8, 40, 5, 9, "code")
         await say(pilot, "/set top_p=2")
         await pilot.pause()
-        assert app.settings.top_p == 1.0
+        assert app.settings.top_p is None  # refused: still the profile's
         await say_and_wait(pilot, "go")
     assert session.streams[-1]["sampling"].temperature == 0.8
     assert session.streams[-1]["max_new_tokens"] == 9

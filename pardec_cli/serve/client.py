@@ -14,6 +14,8 @@ from typing import Any
 
 from pardec_cli.errors import PardecError
 
+API_KEY_ENV = "PARDEC_SERVE_API_KEY"  # the key `pardec gen/chat --server` send (`pardec serve --api-key` reads it too)
+
 
 class ServerClient:
     """Talks to the server at `url` (http://host:port, with or without /v1)."""
