@@ -35,7 +35,7 @@ def test_without_a_terminal_each_line_is_a_message_and_each_reply_a_streamed_blo
     assert out.startswith(first), "the first reply is what `pardec gen` generates greedily"
     assert len(out.splitlines()) >= 2
     stats = [line for line in err.splitlines() if "tok/step" in line]
-    assert len(stats) == 2 and all("greedy" in line and "tokens" in line for line in stats)
+    assert len(stats) == 2 and all("greedy" in line and " tok · " in line for line in stats)
     [saved] = ConversationStore().list()
     assert saved.turns == 4 and saved.title == "Hello there"
 
@@ -62,7 +62,7 @@ def test_slash_commands_are_the_full_screen_chats(tiny_cli_model, tmp_path):
     assert "unknown method 'warp'" in err
     stats = [line for line in err.splitlines() if "tok/step" in line]
     assert len(stats) == 2 and all(line.startswith("pld · ") for line in stats)
-    assert all("4 tokens" in line or "eos" in line for line in stats)
+    assert all("4 tok · " in line or "eos" in line for line in stats)
     [saved] = ConversationStore().list()
     assert saved.title == "My first chat" and saved.turns == 4
     default_md = saved.path.with_suffix(".md")
@@ -76,7 +76,7 @@ def test_the_chat_profile_and_code_profile_plan_replies_as_gen_does(tiny_cli_mod
     code, out, err = chat(tiny_cli_model, "-P", "code", "--no-save", "--no-repeat-guard", input="Write a function\n")
     assert code == 0, err
     [line] = [line for line in err.splitlines() if "tok/step" in line]
-    assert "greedy" in line and "512 tokens · length" in line
+    assert "greedy" in line and "512 tok · length" in line
     assert out.rstrip("\n") == expected.rstrip("\n")
     # The random tiny model loops ("... magazines steak intu imagination defeated ..."): with
     # the guard (the chat's default) the reply ends there, a prefix of the unguarded one.
@@ -117,7 +117,7 @@ def test_chat_with_a_server_gives_gens_reply_and_its_stats(served, tiny_cli_mode
     expected = gen_text(tiny_cli_model, "Hello there", "--temp", "0", "-n", "8", "--method", "pld")
     assert result.stdout.startswith(expected)
     [line] = [line for line in result.stderr.splitlines() if "tok/step" in line]
-    assert line.startswith("pld · ") and "8 tokens" in line and "greedy" in line
+    assert line.startswith("pld · ") and "8 tok · " in line and "greedy" in line
     assert f"at {served.v1}" in result.stderr
 
 
@@ -142,4 +142,4 @@ def test_a_servers_stream_carries_live_stats_and_tokens_per_step(served):
 
 def test_top_k_cannot_go_to_a_server(served):
     result = invoke(["chat", "--server", served.url, "--top-k", "5", "Hi"])
-    assert result.exit_code == 1 and "top_k is not part of the OpenAI API" in result.stderr
+    assert result.exit_code == 2 and "top_k is not part of the OpenAI API" in result.stderr

@@ -101,7 +101,7 @@ async def test_a_message_streams_a_reply_with_its_stats_and_is_saved(tmp_path: P
         assert reply.body.source == "Sure: **prime** numbers."
         line = stats_line(reply)
         # method and knobs, tokens/s, mean tokens per step, TTFT, tokens, finish reason
-        for fragment in ("pld max_ngram=3", "tok/s", "tok/step", "TTFT 100 ms", "25 tokens", "eos"):
+        for fragment in ("pld max_ngram=3", "tok/s", "tok/step", "TTFT 100 ms", "25 tok", "eos"):
             assert fragment in line
         assert reply.per_step, "the sparkline has one bar per decoding step"
         assert app.query_one(ChatInput).text == ""

@@ -166,7 +166,7 @@ def request_body(messages: list[dict[str, str]], system: str | None, settings: C
     in the profile's and the model's defaults, as a local chat's would)."""
     if settings.top_k is not None:
         raise PardecUsageError("top_k is not part of the OpenAI API, so it cannot be sent to a server",
-                               hint="/set top_k=default gives it back to the server's profile")
+                               hint="leave top_k unset (--top-k, /set top_k=default): the server's profile gives it")
     if settings.drafters:
         raise PardecUsageError("with --server, --draft-model needs --method draft")
     body: dict[str, Any] = {"model": model, "stream_options": {"include_usage": True}}

@@ -224,7 +224,7 @@ class ConversationStore:
 def format_reply_line(message: Message) -> str:
     """The one line under a reply: ``pld · 41.2 tok/s · 2.31 tok/step · TTFT 120 ms · 128
     tokens · eos · T 0.8 p 0.95`` (the knobs are left to the tooltip and the saved record)."""
-    parts = [message.method or "?", format_numbers(message.stats, message.finish_reason)]
+    parts = [message.method or "?", format_numbers(message.stats, message.finish_reason, compact=True)]
     if message.sampling:
         parts.append(message.sampling)
     return " · ".join(p for p in parts if p)
@@ -237,15 +237,16 @@ def format_reply_stats(message: Message) -> str:
     return f"{numbers} · {method}" if numbers else method
 
 
-def format_numbers(stats: dict[str, Any], finish_reason: str | None = None) -> str:
-    """``41.2 tok/s · 2.31 tok/step · TTFT 120 ms · 128 tokens · eos`` from GenerationStats.to_dict()."""
+def format_numbers(stats: dict[str, Any], finish_reason: str | None = None, *, compact: bool = False) -> str:
+    """``41.2 tok/s · 2.31 tok/step · TTFT 120 ms · 128 tokens · eos`` from GenerationStats.to_dict()
+    (compact: ``128 tok``, so that the chat's line under a reply fits next to its sparkline)."""
     parts = []
     if stats:
         parts.append(f"{stats.get('tokens_per_s', 0):.1f} tok/s")
         if stats.get("steps", 1):
             parts.append(f"{stats.get('mean_tokens_per_step', 0):.2f} tok/step")
         parts.append(f"TTFT {stats.get('ttft_s', 0) * 1000:.0f} ms")
-        parts.append(f"{stats.get('generated_tokens', 0)} tokens")
+        parts.append(f"{stats.get('generated_tokens', 0)} {'tok' if compact else 'tokens'}")
     if finish_reason:
         parts.append(finish_reason)
     return " · ".join(parts)

@@ -20,7 +20,7 @@ from pardec_cli.tui.markdown import ReplyMarkdown
 from pardec_cli.tui.settings import ChatSettings, profile_choices
 
 SPARKLINE_STEPS = 120  # the sparkline shows the most recent steps...
-SPARKLINE_WIDTH = 30  # ...in at most this many columns
+SPARKLINE_WIDTH = 16  # ...in at most this many columns (the line beside it stays one line wide)
 
 
 class StatsLine(Widget):
@@ -114,7 +114,7 @@ class AssistantMessage(Vertical):
         if self._method is not None and not line.tooltip:
             line.tooltip = describe_method(self._method, self._knobs)
         self.per_step.extend(new_steps)
-        numbers = format_numbers(stats.to_dict())
+        numbers = format_numbers(stats.to_dict(), compact=True)
         line.text = f"{self._method} · {numbers}" if self._method else numbers
         self._show_steps(self.per_step)
 
