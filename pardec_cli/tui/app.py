@@ -678,6 +678,8 @@ class ChatApp(App[None]):
         yield SystemCommand("Greedy decoding", "temperature 0", lambda: self._palette_settings({"temp": "0"}))
         yield SystemCommand("Sampling (temperature 0.7, top-p 0.9)", "sample instead of greedy decoding",
                             lambda: self._palette_settings({"temp": "0.7", "top_p": "0.9"}))
+        yield SystemCommand("Sampling as the profile says", "the profile's (and the model's recommended) values",
+                            lambda: self._palette_settings({"temp": "default", "top_p": "default", "top_k": "default"}))
         yield SystemCommand("Settings panel", "method, knobs, profile and sampling (F2)", self.action_toggle_settings)
         yield SystemCommand("Load another model", "F3", self.action_pick_model)
         yield SystemCommand("New conversation", "/clear (Ctrl+N)", self.action_new_conversation)
