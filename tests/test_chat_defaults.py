@@ -132,7 +132,7 @@ def test_a_guarded_reply_is_the_unguarded_one_cut_where_the_loop_is_found(method
 
 VOCAB = 4
 PROMPT = [1, 3, 2, 3]
-CHAT_SAMPLING = dict(temperature=0.8, top_p=0.95)
+CHAT_SAMPLING = {"temperature": 0.8, "top_p": 0.95}
 
 
 def _exact_joint(model, steps: int) -> dict[tuple[int, ...], float]:

@@ -57,7 +57,7 @@ def test_slash_commands_are_the_full_screen_chats(tiny_cli_model, tmp_path):
         "/method warp",  # refused: the chat goes on, and the exit code says something failed
         "Again",
     ]) + "\n"
-    code, out, err = chat(tiny_cli_model, input=script)
+    code, _, err = chat(tiny_cli_model, input=script)
     assert code == 1
     assert "unknown method 'warp'" in err
     stats = [line for line in err.splitlines() if "tok/step" in line]

@@ -5,11 +5,18 @@ under each reply, one compact line. Pilot over the scripted session (tests/tui_f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from pardec_cli.profiles import get_profile
-from pardec_cli.tui.conversation import ConversationStore, Message, chats_dir, close_fences, to_markdown
+from pardec_cli.tui.conversation import (
+    ConversationStore,
+    Message,
+    chats_dir,
+    close_fences,
+    to_markdown,
+)
 from pardec_cli.tui.settings import ChatSettings
 from pardec_cli.tui.widgets import StatsLine
 from tests.test_tui import SIZE, make_app, ready, replies, say, say_and_wait, wait_until
@@ -26,13 +33,13 @@ def anyio_backend() -> str:
 class RecommendingSession(ScriptedSession):
     """A model whose generation_config.json recommends sampling settings."""
 
-    recommended_sampling = {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
+    recommended_sampling: ClassVar[dict] = {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
 
 
 @pytest.mark.parametrize(("profile", "message"), [("code", "Write a function"), ("chat", "Tell me a story")])
 async def test_a_profiles_sampling_table_applies_as_in_gen(profile: str, message: str) -> None:
-    from pardec_cli.planning import Settings, planned_settings
     from pardec_cli.engine.sampling_params import SamplingParams
+    from pardec_cli.planning import Settings, planned_settings
 
     session = ScriptedSession()
     app = make_app(session, settings=ChatSettings(method="pld", profile=profile))

@@ -81,7 +81,11 @@ class PlainChat:
 
     def command(self, command: Any) -> None:
         from pardec_cli.tui.commands import COMMANDS
-        from pardec_cli.tui.conversation import Conversation, markdown_path, write_markdown
+        from pardec_cli.tui.conversation import (
+            Conversation,
+            markdown_path,
+            write_markdown,
+        )
 
         name, argument = command.name, command.argument
         if name in ("method", "set", "profile"):

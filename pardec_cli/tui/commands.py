@@ -15,8 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "clear": ("/clear", "start a new conversation (the current one stays saved)"),
     "system": ("/system [TEXT]", "set the system prompt; without TEXT, go back to the model's default"),
     "method": ("/method NAME [KNOB=VALUE ...]", "decode the next replies with another method"),
-    "set": ("/set KEY=VALUE ...", "change sampling: temp, top_p, top_k, seed, max_tokens, profile, guard "
-            "(VALUE default: the profile's)"),
+    "set": ("/set KEY=VALUE ...",
+            "change sampling: temp, top_p, top_k, seed, max_tokens, profile, guard (VALUE default: the profile's)"),
     "profile": ("/profile NAME", "task profile: auto, chat, code, extraction"),
     "model": ("/model NAME", "load another model (alias, Hub id or directory)"),
     "save": ("/save [FILE]", "write the conversation as Markdown (default: ID.md in pardec's chats folder)"),
