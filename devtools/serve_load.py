@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from pardec_cli.serve.client import ServerClient
+from pardec_cli.client import ServerClient
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 

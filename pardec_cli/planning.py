@@ -6,10 +6,15 @@ a prompt is decoded the same way wherever it is sent (same profile, same samplin
 defaults, same method and knobs, the same `--draft-model` drafters offered to auto):
 the server's greedy text equals gen's.
 
+`pardec chat` plans every reply through `Planner` too (the last user message is the
+text), so a profile's [sampling] table and `--draft-model` drafters apply there as in gen.
+
 Per prompt: the profile is the one given, or detected from the text (`-P auto`); its
-[sampling] table gives defaults for the settings the user left unset; the method is
-the one given, or auto's choice for the text, the profile and greedy or sampled
-decoding. Torch-free until a selector is built.
+[sampling] table gives defaults for the settings the user left unset; where that table
+samples (temperature above 0, as the chat profile does), the model's own recommended
+settings (`recommended_sampling`: its generation_config.json) replace the profile's
+generic temperature, top_p and top_k; the method is the one given, or auto's choice for
+the text, the profile and greedy or sampled decoding. Torch-free until a selector is built.
 """
 
 from __future__ import annotations
@@ -27,6 +32,23 @@ PROFILE_SAMPLING_KEYS = {"max_tokens": "max_tokens", "temperature": "temperature
 # `user_set` for a caller that fixes every setting itself (bench and tune compare methods
 # at one token budget, greedy): the profile's [sampling] table then changes nothing.
 ALL_SETTINGS = frozenset(PROFILE_SAMPLING_KEYS)
+RECOMMENDED_KEYS = ("temperature", "top_p", "top_k")  # what a model's generation_config.json may recommend
+
+
+def recommended_sampling(generation_config: Any) -> dict[str, Any]:
+    """The sampling values a model's authors recommend: those its generation_config.json
+    sets (transformers' `GenerationConfig.to_diff_dict()`: the values that differ from the
+    library's defaults, so a file that sets nothing recommends nothing), and only when the
+    file asks to sample (`do_sample` true, or a temperature above 0 without do_sample)."""
+    if generation_config is None:
+        return {}
+    given = generation_config.to_diff_dict() if hasattr(generation_config, "to_diff_dict") else dict(generation_config)
+    if given.get("do_sample") is False or given.get("temperature") == 0:
+        return {}
+    values = {key: given[key] for key in RECOMMENDED_KEYS if given.get(key) is not None}
+    if not values or ("do_sample" not in given and "temperature" not in values):
+        return {}
+    return values
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,18 @@ class Plan:
         return [*self.reasons, f"sampling  {mode}, at most {self.settings.max_tokens} tokens"]
 
 
+def describe_sampling(sampling: Any) -> str:
+    """``greedy`` or ``T 0.8 p 0.95 k 40``: a reply's sampling, in a few characters."""
+    if sampling.greedy:
+        return "greedy"
+    text = f"T {sampling.temperature:g}"
+    if sampling.top_p < 1:
+        text += f" p {sampling.top_p:g}"
+    if sampling.top_k:
+        text += f" k {sampling.top_k}"
+    return text
+
+
 def load_profiles_checked(profile: str) -> None:
     """Read the profiles now (a broken file is one clear error) and check a profile name."""
     from pardec_cli.selection.profiles import get_profile, load_profiles
@@ -83,18 +117,19 @@ def plan_reply(
     user_set: Collection[str],
     profiles: Mapping[str, Any],
     selector: Any = None,
+    recommended: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Plan the reply to `text`.
 
     `user_set` names the settings of PROFILE_SAMPLING_KEYS the user set (the others take
     the profile's value); `profiles` is `load_profiles()`; `selector` an `AutoSelector`,
-    needed when `method` is "auto".
+    needed when `method` is "auto"; `recommended` the model's `recommended_sampling`.
     """
     from pardec_cli.selection.tasks import detect_task
 
     task = detect_task(text) if profile == AUTO else None
     name = task.profile if task else profile
-    settings = profile_settings(settings, profiles[name], user_set)
+    settings = profile_settings(settings, profiles[name], user_set, recommended)
     if method == AUTO:
         if selector is None:
             raise ValueError("method auto needs a selector")
@@ -104,10 +139,19 @@ def plan_reply(
     return Plan(settings, method, dict(options), name, (f"method    {method} (given)", f"profile   {given}"))
 
 
-def profile_settings(settings: Settings, profile: Any, user_set: Collection[str]) -> Settings:
-    """`settings` with the profile's sampling defaults for the options the user left unset."""
+def profile_settings(settings: Settings, profile: Any, user_set: Collection[str],
+                     recommended: Mapping[str, Any] | None = None) -> Settings:
+    """`settings` with the profile's sampling defaults for the options the user left unset.
+
+    A profile that samples (its temperature above 0: the chat profile) takes the model's
+    `recommended` temperature, top_p and top_k, where it has them, over its own generic
+    ones; a greedy profile (code, extraction) stays greedy whatever the model suggests.
+    """
+    table = dict(profile.sampling)
+    if recommended and table.get("temperature", 0) > 0:
+        table.update({key: value for key, value in recommended.items() if key in RECOMMENDED_KEYS})
     defaults = {key: value for option, key in PROFILE_SAMPLING_KEYS.items()
-                if option not in user_set and (value := profile.sampling.get(key)) is not None}
+                if option not in user_set and (value := table.get(key)) is not None}
     if not defaults:
         return settings
     sampling_keys = {k: v for k, v in defaults.items() if k != "max_tokens"}
@@ -118,14 +162,15 @@ def profile_settings(settings: Settings, profile: Any, user_set: Collection[str]
     )
 
 
-def planned_settings(text: str, profile: str, settings: Settings, user_set: Collection[str]) -> tuple[str, Settings]:
+def planned_settings(text: str, profile: str, settings: Settings, user_set: Collection[str],
+                     recommended: Mapping[str, Any] | None = None) -> tuple[str, Settings]:
     """(profile used, settings) for `text` without a loaded model: the given profile, or the
     one detected from the prompt, and its sampling defaults (as `plan_reply` applies them)."""
     from pardec_cli.selection.profiles import load_profiles
     from pardec_cli.selection.tasks import detect_task
 
     name = detect_task(text).profile if profile == AUTO else profile
-    return name, profile_settings(settings, load_profiles()[name], user_set)
+    return name, profile_settings(settings, load_profiles()[name], user_set, recommended)
 
 
 def build_selector(session: Any, drafters: Sequence[str] = ()) -> Any:
@@ -154,6 +199,8 @@ class Planner:
         self.settings, self.user_set = settings, set(user_set)
         self.apply = apply
         self.profiles = load_profiles()
+        # What the model's own files recommend for sampling (a session that cannot say: nothing).
+        self.recommended: dict[str, Any] = dict(getattr(session, "recommended_sampling", None) or {})
         self.selector = None
         if method == AUTO:
             self.selector = session.auto_selector(tuple(drafters))
@@ -166,7 +213,7 @@ class Planner:
         """The plan for `text`; with auto (and `apply`), its method becomes the session's."""
         plan = plan_reply(text, method=self.method, options=self.options, profile=self.profile,
                           settings=self.settings, user_set=self.user_set, profiles=self.profiles,
-                          selector=self.selector)
+                          selector=self.selector, recommended=self.recommended)
         self.profile_used = plan.profile
         if self.selector is not None and self.apply:
             self.session.set_method(plan.method, plan.knobs)

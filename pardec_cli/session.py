@@ -8,11 +8,11 @@ keeps the statistics; `Session.generate` returns the whole result.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pardec_cli.engine.events import FINISH_CANCELLED, FINISH_STOP, GenerationStats, StepEvent
+from pardec_cli.engine.events import FINISH_CANCELLED, FINISH_REPETITION, FINISH_STOP, GenerationStats, StepEvent
 from pardec_cli.engine.sampling_params import SamplingParams
 from pardec_cli.errors import PardecUsageError
 
@@ -60,15 +60,20 @@ class TextStream:
     """Iterates text chunks of one generation; afterwards holds its text, ids and stats.
 
     Stopping the iteration early (a `break`, Ctrl-C) is safe: `finish()` marks the
-    generation cancelled and flushes what was held back.
+    generation cancelled and flushes what was held back. With `repetition_guard` a reply
+    caught in a loop ends there, with finish reason "repetition" (see `RepetitionGuard`).
     """
 
-    def __init__(self, events: Iterator[StepEvent], tokenizer: Any, stop: Sequence[str], prompt_tokens: int) -> None:
-        from pardec_cli.engine.text import IncrementalDetokenizer, StopMatcher
+    def __init__(self, events: Iterator[StepEvent], tokenizer: Any, stop: Sequence[str], prompt_tokens: int,
+                 *, repetition_guard: Any = False) -> None:
+        from pardec_cli.engine.text import IncrementalDetokenizer, RepetitionGuard, StopMatcher
 
         self._events = events
         self._detok = IncrementalDetokenizer(tokenizer)
         self._stop = StopMatcher(stop)
+        # True: the default guard; a RepetitionGuard: that one (its thresholds); False: none.
+        self._guard = repetition_guard if isinstance(repetition_guard, RepetitionGuard) else \
+            RepetitionGuard() if repetition_guard else None
         self.stats = GenerationStats(prompt_tokens=prompt_tokens)
         self.token_ids: list[int] = []
         self.parts: list[str] = []
@@ -80,6 +85,12 @@ class TextStream:
 
     def __iter__(self) -> Iterator[Chunk]:
         for event in self._events:
+            keep = self._guard.push(event.tokens) if self._guard is not None else None
+            if keep is not None:  # a loop: the reply ends after this step's first `keep` tokens
+                event = replace(event, tokens=tuple(event.tokens[:keep]), finish_reason=FINISH_REPETITION)
+                close = getattr(self._events, "close", None)
+                if close is not None:
+                    close()
             self.stats.add(event)
             self.token_ids.extend(event.tokens)
             text = self._stop.push(self._detok.push(event.tokens))
@@ -291,6 +302,14 @@ class Session:
             ids.update(int(i) for i in config_eos)
         return ids
 
+    @property
+    def recommended_sampling(self) -> dict[str, Any]:
+        """Temperature, top_p, top_k as the model's generation_config.json recommends them
+        (empty when it recommends none); a sampling profile (chat) uses them."""
+        from pardec_cli.planning import recommended_sampling
+
+        return recommended_sampling(getattr(self.target.model, "generation_config", None))
+
     # -- generation -------------------------------------------------------------------
 
     def stream(
@@ -301,11 +320,13 @@ class Session:
         sampling: SamplingParams = SamplingParams(),
         stop: Sequence[str] = (),
         proposer: Any = None,
+        repetition_guard: bool = False,
     ) -> TextStream:
         """Start a generation; iterate the returned stream for text chunks.
 
         `proposer` overrides the session's method for this one generation (the benchmark
-        interleaves several methods over one loaded model this way).
+        interleaves several methods over one loaded model this way); `repetition_guard`
+        ends a reply caught in a loop (the chat's default).
         """
         from pardec_cli.engine.loop import decode
 
@@ -317,7 +338,7 @@ class Session:
             sampling=sampling,
             eos_token_ids=self.eos_token_ids,
         )
-        return TextStream(events, self.tokenizer, stop, len(prompt_ids))
+        return TextStream(events, self.tokenizer, stop, len(prompt_ids), repetition_guard=repetition_guard)
 
     def generate(self, prompt_ids: Sequence[int], **kwargs: Any) -> GenerationResult:
         """Run a generation to the end and return it whole."""

@@ -72,7 +72,8 @@ def test_a_profile_gives_sampling_defaults_only_for_options_left_unset(tiny_cli_
     record = gen_json(tiny_cli_model, "--seed", "1", "-P", "chat", CHAT_PROMPT)
     assert record["stats"]["generated_tokens"] <= 3
     explained = gen(tiny_cli_model, "--explain", "-P", "chat", CHAT_PROMPT)
-    assert "sampling  temperature 0.8, top_p 1, top_k 5, at most 3 tokens" in explained.stderr
+    # top_p is the built-in chat profile's: a user file overrides key by key.
+    assert "sampling  temperature 0.8, top_p 0.95, top_k 5, at most 3 tokens" in explained.stderr
     # The command line, the environment and config.toml all win over the profile.
     assert gen_json(tiny_cli_model, "-n", "6", "-P", "chat", CHAT_PROMPT)["stats"]["generated_tokens"] == 6
     explained = gen(tiny_cli_model, "--explain", "-P", "chat", CHAT_PROMPT, env={"PARDEC_GEN_TEMPERATURE": "0"})

@@ -11,7 +11,7 @@ import pytest
 from pardec_cli.errors import PardecError, PardecUsageError
 from pardec_cli.tui.commands import SlashCommand, parse_input
 from pardec_cli.tui.conversation import Conversation, ConversationStore, Message, to_markdown
-from pardec_cli.tui.settings import ChatSettings, method_for_reply
+from pardec_cli.tui.settings import ChatSettings
 
 
 def reply(text: str, **stats: float) -> Message:
@@ -91,27 +91,6 @@ def test_settings_changes_are_checked():
             settings.with_values(values)
     with pytest.raises(PardecUsageError, match="unknown method"):
         settings.with_method("turbo")
-
-
-def test_the_next_reply_uses_the_chosen_method():
-    settings = ChatSettings(method="suffix", options={"max_nodes": "16"})
-    assert method_for_reply(None, settings, [{"role": "user", "content": "hi"}]) == ("suffix", {"max_nodes": "16"})
-
-
-def test_auto_asks_the_selector_about_the_last_user_message_with_the_profile_and_sampling():
-    asked = []
-
-    class Selector:
-        def choose(self, prompt, profile, *, greedy):
-            asked.append((prompt, profile, greedy))
-            return type("Choice", (), {"method": "pld", "knobs": {"num_draft": 4}})()
-
-    session = type("FakeSession", (), {"auto_selector": lambda self: Selector()})()
-    messages = [{"role": "user", "content": "fix this"}, {"role": "assistant", "content": "ok"},
-                {"role": "user", "content": "def f(): pass"}]
-    settings = ChatSettings(method="auto", profile="code", temperature=0.7)
-    assert method_for_reply(session, settings, messages) == ("pld", {"num_draft": 4})
-    assert asked == [("def f(): pass", "code", False)]
 
 
 def test_auto_takes_no_knobs():

@@ -38,7 +38,10 @@ def test_builtin_profiles_are_the_repository_files_in_a_checkout() -> None:
 def test_each_builtin_profile_has_sampling_defaults_and_candidates_for_cpus_and_gpus(name: str) -> None:
     profile = get_profile(name)
     assert profile.description
-    assert profile.sampling.get("temperature") == 0.0  # greedy by default: exact, like plain decoding
+    if name == "chat":  # conversation samples (greedy small models loop); the model's recommendation replaces these
+        assert (profile.sampling.get("temperature"), profile.sampling.get("top_p")) == (0.8, 0.95)
+    else:  # greedy by default: exact, like plain decoding
+        assert profile.sampling.get("temperature") == 0.0
     assert profile.sampling.get("max_tokens", 0) >= 128
     for hardware in (THIS_CPU, H100):
         methods = [c.method for c in profile.candidates_for(hardware)]

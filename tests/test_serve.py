@@ -124,11 +124,11 @@ def test_sampling_with_a_seed_repeats_and_stop_strings_end_the_reply(client, ser
     assert first == second
     expected = gen_record(tiny_cli_model, CHAT_PROMPT, "-n", "24", "--temp", "0.9", "--top-p", "0.9", "--seed", "7")
     assert first == expected["text"]
-    greedy = gen_record(tiny_cli_model, CHAT_PROMPT, "-n", "24")["text"]
+    greedy = gen_record(tiny_cli_model, CHAT_PROMPT, "-n", "24", "--temp", "0")["text"]
     stop = greedy[len(greedy) // 2:][:3]
     assert stop
     reply = client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": CHAT_PROMPT}],
-                                           max_tokens=24, stop=[stop])
+                                           max_tokens=24, stop=[stop], temperature=0)
     assert reply.choices[0].finish_reason == "stop"
     assert stop not in reply.choices[0].message.content
     assert greedy.startswith(reply.choices[0].message.content)
@@ -138,9 +138,12 @@ def test_a_request_without_sampling_settings_takes_the_profiles_defaults_like_ge
     from pardec_cli.selection.profiles import get_profile
 
     limit = get_profile("chat").sampling["max_tokens"]
-    reply = client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": CHAT_PROMPT}])
+    # The chat profile samples (temperature 0.8, top_p 0.95): with the same seed, the same text as gen.
+    reply = client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": CHAT_PROMPT}],
+                                           seed=7)
     assert reply.usage.completion_tokens <= limit
-    expected = gen_record(tiny_cli_model, CHAT_PROMPT)
+    assert reply.usage.model_extra["pardec"]["sampling"] == "T 0.8 p 0.95"
+    expected = gen_record(tiny_cli_model, CHAT_PROMPT, "--seed", "7")
     assert reply.choices[0].message.content == expected["text"]
 
 
@@ -259,7 +262,7 @@ def stream_once(served: Served, prompt: str, max_tokens: int) -> dict:
     client = OpenAI(base_url=served.v1, api_key="unused", max_retries=0)
     chunks = list(client.chat.completions.create(
         model=served.model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, stream=True,
-        stream_options={"include_usage": True}))
+        stream_options={"include_usage": True}, temperature=0))
     finished = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     return {
         "prompt": prompt, "ids": {c.id for c in chunks}, "finished": len(finished),
@@ -297,7 +300,7 @@ def test_sixteen_streaming_clients_get_every_reply_exactly_once_and_equal_to_gen
     assert all(r["finished"] == 1 and len(r["usage"]) == 1 and len(r["ids"]) == 1 for r in results)
     assert len({next(iter(r["ids"])) for r in results}) == clients * each, "every reply is its own"
     for result in results:
-        expected = gen_record(tiny_cli_model, result["prompt"], "-n", str(max_tokens))
+        expected = gen_record(tiny_cli_model, result["prompt"], "-n", str(max_tokens), "--temp", "0")
         assert result["pardec"]["method"] == expected["method"]
         assert result["pardec"]["knobs"] == expected["knobs"]
         assert result["text"] == expected["text"], result["prompt"]

@@ -1,7 +1,7 @@
 """A scripted stand-in for `Session`, for fast and deterministic TUI tests.
 
 It has the surface the chat uses (model_name, dtype, device, method_name,
-method_options, proposer.knobs(), set_method, encode, stream) and replies from a
+method_options, proposer.knobs(), set_method, encode, stream; no recommended sampling) and replies from a
 script. The text goes through the real `TextStream` (stop strings, stats,
 cancellation) over scripted step events with fixed timings, so the stats shown are
 the same on every run. Methods and knobs are checked by the real registry.
@@ -81,11 +81,13 @@ class ScriptedSession:
         text = (system or "") + "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return [ord(c) for c in text]
 
-    def stream(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Any, stop: Sequence[str] = ()) -> TextStream:
+    def stream(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Any, stop: Sequence[str] = (),
+               repetition_guard: bool = False) -> TextStream:
         self.streams.append({"max_new_tokens": max_new_tokens, "sampling": sampling, "stop": tuple(stop),
-                             "method": self.method_name})
+                             "method": self.method_name, "repetition_guard": repetition_guard})
         reply = self.replies[min(len(self.streams) - 1, len(self.replies) - 1)]
-        return TextStream(self._events(len(prompt_ids), reply, max_new_tokens), self.tokenizer, stop, len(prompt_ids))
+        return TextStream(self._events(len(prompt_ids), reply, max_new_tokens), self.tokenizer, stop, len(prompt_ids),
+                          repetition_guard=repetition_guard)
 
     def _events(self, prompt_len: int, reply: str, limit: int) -> Iterator[StepEvent]:
         if prompt_len >= self.context:  # like the engine: raised on the first step

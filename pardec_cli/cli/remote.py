@@ -19,8 +19,7 @@ import click
 from pardec_cli.cli.output import InterruptGuard, stats_lines, write_json_line
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.planning import AUTO
-
-API_KEY_ENV = "PARDEC_SERVE_API_KEY"  # the variable `pardec serve --api-key` also reads
+from pardec_cli.client import API_KEY_ENV
 
 
 def request_body(text: str, *, model: str, method: str, options: dict[str, Any], profile: str, system: str | None,
@@ -54,7 +53,7 @@ def run_remote(server: str, text: str, *, model: str | None, mode: str, streamin
                **request: Any) -> None:
     """Generate on the server at `server` and print as `gen` prints ("text" or "json" mode)."""
     from pardec_cli.engine.events import GenerationStats
-    from pardec_cli.serve.client import ServerClient
+    from pardec_cli.client import ServerClient
 
     client = ServerClient(server, api_key=os.environ.get(API_KEY_ENV) or None)
     model = model or client.model()
@@ -75,7 +74,7 @@ def run_remote(server: str, text: str, *, model: str | None, mode: str, streamin
                             if mode == "text" and streaming:
                                 out.write(piece)
                                 out.flush()
-                    if "pardec" in event:
+                    if "finish_reason" in (event.get("pardec") or {}):  # the last chunk's record
                         extension = event["pardec"]
                     if guard.requested:
                         break

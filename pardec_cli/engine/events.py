@@ -13,6 +13,7 @@ FINISH_EOS = "eos"
 FINISH_LENGTH = "length"
 FINISH_STOP = "stop"
 FINISH_CANCELLED = "cancelled"
+FINISH_REPETITION = "repetition"  # the text layer's RepetitionGuard saw a loop
 
 
 @dataclass(frozen=True)

@@ -93,3 +93,40 @@ class StopMatcher:
                     best = n
                     break
         return best
+
+
+class RepetitionGuard:
+    """Ends a reply caught in a loop: the same block of tokens repeated back to back.
+
+    Small models decoding a chat reply can fall into a loop ("a fast ship, a quick ship,
+    a fast ship, ...") that runs to the token limit; greedy decoding always does once it
+    starts, and prompt-lookup and suffix drafting then accept the loop at full speed. The
+    guard watches the emitted tokens and trips when the last `span` tokens are at least
+    `min_repeats` copies of one block of at most `max_period` tokens, with `span` at least
+    `min_tokens`. It only decides where the reply *ends*: every token before that was
+    chosen by the loop's own rule (greedy or exact speculative sampling), so the text is a
+    prefix of what decoding without the guard produces, and sampling stays exact.
+
+    Incremental: `runs[p]` is how many of the latest tokens equal the token `p` before
+    them; the last `runs[p] + p` tokens then repeat with period p. O(max_period) per token.
+    """
+
+    def __init__(self, *, max_period: int = 64, min_repeats: int = 4, min_tokens: int = 64) -> None:
+        self.max_period, self.min_repeats, self.min_tokens = max_period, min_repeats, min_tokens
+        self.tokens: list[int] = []
+        self.runs = [0] * (max_period + 1)  # runs[0] unused
+        self.tripped = False
+
+    def push(self, token_ids: Sequence[int]) -> int | None:
+        """Feed emitted tokens; return how many of them to keep when a loop is found
+        (the reply then ends after them), else None."""
+        for n, token in enumerate(token_ids, start=1):
+            self.tokens.append(token)
+            i = len(self.tokens) - 1
+            for p in range(1, min(self.max_period, i) + 1):
+                self.runs[p] = self.runs[p] + 1 if self.tokens[i - p] == token else 0
+                span = self.runs[p] + p
+                if span >= self.min_tokens and span >= p * self.min_repeats:
+                    self.tripped = True
+                    return n
+        return None

@@ -124,7 +124,7 @@ def create_app(session: Any, config: ServeConfig = ServeConfig(), *,
             headers = {"x-pardec-method": first.method, "x-pardec-profile": first.profile}
             if parsed.stream:
                 disconnected.cancel()  # from here Starlette's StreamingResponse watches the client
-                return StreamingResponse(stream_events(job, parsed, model), media_type="text/event-stream",
+                return StreamingResponse(stream_events(job, parsed, model, first), media_type="text/event-stream",
                                          headers={**headers, "cache-control": "no-cache"})
             end = await next_event(job, disconnected)
             if isinstance(end, Failed):
@@ -200,9 +200,13 @@ async def next_event(job: Job, disconnected: asyncio.Future) -> Any:
     raise ClientGone
 
 
-async def stream_events(job: Job, request: GenerationRequest, model: str) -> AsyncIterator[str]:
+async def stream_events(job: Job, request: GenerationRequest, model: str, started: Started) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
 
+    pardec's extension field "pardec" (clients that do not know it ignore it): the first
+    chunk says which method, knobs and profile decode the reply; each text chunk carries
+    the tokens of each decoding step since the previous chunk ("steps") and the running
+    statistics ("live"); the last one the whole record (method, stats, finish reason).
     If the client goes away, Starlette cancels this generator: `finally` cancels the job.
     """
 
@@ -210,11 +214,15 @@ async def stream_events(job: Job, request: GenerationRequest, model: str) -> Asy
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
     try:
-        yield event(chunk_object(request, model, role=True, text=""))
+        first = chunk_object(request, model, role=True, text="")
+        first["pardec"] = {"method": started.method, "knobs": started.knobs, "profile": started.profile}
+        yield event(first)
         while True:
             item = await job.events.get()
             if isinstance(item, Delta):
-                yield event(chunk_object(request, model, text=item.text))
+                chunk = chunk_object(request, model, text=item.text)
+                chunk["pardec"] = {"steps": list(item.steps), "live": item.live}
+                yield event(chunk)
             elif isinstance(item, Finished):
                 last = chunk_object(request, model, reason=item.finish_reason)
                 last["pardec"] = item.usage["pardec"]

@@ -74,6 +74,7 @@ class GenerationRequest:
     method: str = AUTO
     knobs: dict[str, Any] = field(default_factory=dict)
     profile: str = AUTO
+    repetition_guard: bool = False  # "pardec": {"repetition_guard": true}, as `pardec chat` asks
     stream: bool = False
     include_usage: bool = False
     id: str = ""
@@ -175,6 +176,7 @@ def _request(kind: str, data: Mapping[str, Any], prompt: Any, plan_text: str, *,
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
     include_usage = bool(options.get("include_usage", False))
     method, knobs, profile = parse_extension(data.get("pardec"))
+    guard = (data.get("pardec") or {}).get("repetition_guard", False)
     settings = Settings(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=seed),
@@ -182,24 +184,27 @@ def _request(kind: str, data: Mapping[str, Any], prompt: Any, plan_text: str, *,
     )
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     return GenerationRequest(kind, prompt, plan_text, settings, frozenset(user_set), method, knobs, profile,
-                             stream, include_usage, id=f"{prefix}-{uuid.uuid4().hex[:24]}")
+                             guard, stream, include_usage, id=f"{prefix}-{uuid.uuid4().hex[:24]}")
 
 
 def parse_extension(ext: Any) -> tuple[str, dict[str, Any], str]:
     """`"pardec": {"method": ..., "knobs": {...}, "profile": ...}` -> (method, knobs, profile), checked.
 
     Checked without torch: the method must exist and the knobs must be its own (a knob
-    value may be a JSON value or a string, as `-O` gives it).
+    value may be a JSON value or a string, as `-O` gives it). A "repetition_guard"
+    (true: end a reply caught in a loop, as `pardec chat` does) is checked here too.
     """
     if ext is None:
         return AUTO, {}, AUTO
     if not isinstance(ext, dict):
         raise ApiError(400, "'pardec' must be an object: {\"method\": ..., \"knobs\": {...}, \"profile\": ...}",
                        param="pardec")
-    unknown = sorted(set(ext) - {"method", "knobs", "profile"})
+    unknown = sorted(set(ext) - {"method", "knobs", "profile", "repetition_guard"})
     if unknown:
-        raise ApiError(400, f"'pardec' has no field {unknown[0]!r} (fields: method, knobs, profile)",
+        raise ApiError(400, f"'pardec' has no field {unknown[0]!r} (fields: method, knobs, profile, repetition_guard)",
                        param=f"pardec.{unknown[0]}")
+    if not isinstance(ext.get("repetition_guard", False), bool):
+        raise ApiError(400, "'pardec.repetition_guard' must be true or false", param="pardec.repetition_guard")
     method = ext.get("method", AUTO)
     knobs = ext.get("knobs") or {}
     profile = ext.get("profile", AUTO)

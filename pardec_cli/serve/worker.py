@@ -28,7 +28,7 @@ from time import perf_counter
 from typing import Any
 
 from pardec_cli.errors import PardecError
-from pardec_cli.planning import plan_reply
+from pardec_cli.planning import describe_sampling, plan_reply
 from pardec_cli.serve.metrics import ServerMetrics
 from pardec_cli.serve.protocol import ApiError, GenerationRequest, usage
 
@@ -46,9 +46,12 @@ class Started:
 
 @dataclass(frozen=True)
 class Delta:
-    """New text (streamed requests only)."""
+    """New text (streamed requests only), with the tokens of each decoding step since the
+    last delta and the generation's live statistics (what `pardec chat --server` shows)."""
 
     text: str
+    steps: tuple[int, ...] = ()
+    live: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class DecodingWorker:
         self.session = session
         self.metrics = metrics
         self.profiles = load_profiles()
+        self.recommended = dict(getattr(session, "recommended_sampling", None) or {})
         # Built now, so the first request with method auto does not pay for it.
         self.selector = session.auto_selector()
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
@@ -180,7 +184,7 @@ class DecodingWorker:
         try:
             plan = plan_reply(request.plan_text, method=request.method, options=request.knobs,
                               profile=request.profile, settings=request.settings, user_set=request.user_set,
-                              profiles=self.profiles, selector=self.selector)
+                              profiles=self.profiles, selector=self.selector, recommended=self.recommended)
             sampling = plan.settings.sampling
             if sampling.seed is not None and not sampling.greedy:
                 # Methods that learn across replies (suffix, recycling) draft differently
@@ -193,7 +197,8 @@ class DecodingWorker:
                 proposer = session.proposer
             prompt_ids = session.encode(request.prompt, raw=plan.settings.raw)
             stream = session.stream(prompt_ids, max_new_tokens=plan.settings.max_tokens, sampling=sampling,
-                                    stop=plan.settings.stop, proposer=proposer)
+                                    stop=plan.settings.stop, proposer=proposer,
+                                    repetition_guard=request.repetition_guard)
             chunks = iter(stream)
             first = next(chunks)  # the prefill: a prompt too long for the context fails here
         except PardecError as exc:
@@ -206,13 +211,16 @@ class DecodingWorker:
             job.post(Started(plan.method, proposer.knobs(), plan.profile))
             wants_text = request.stream
             if wants_text and first.text:
-                job.post(Delta(first.text))
+                job.post(Delta(first.text, (), live_stats(stream.stats)))
             tokens_per_step = self.metrics.tokens_per_step.labels(*labels)
+            steps: list[int] = []  # tokens per step since the last delta (steps whose text is held back)
             try:
                 for chunk in chunks:
                     tokens_per_step.observe(len(chunk.event.tokens))
+                    steps.append(len(chunk.event.tokens))
                     if wants_text and chunk.text:
-                        job.post(Delta(chunk.text))
+                        job.post(Delta(chunk.text, tuple(steps), live_stats(stream.stats)))
+                        steps = []
                     if job.cancelled.is_set():
                         break
             except PardecError as exc:  # a method that fails mid-reply: answered, and the server goes on
@@ -220,8 +228,8 @@ class DecodingWorker:
                 job.post(Failed(ApiError.from_pardec(exc)))
                 return
             tail = stream.finish() if stream.finish_reason is None else ""
-            if wants_text and tail:
-                job.post(Delta(tail))
+            if wants_text and (tail or steps):
+                job.post(Delta(tail, tuple(steps), live_stats(stream.stats)))
         finally:
             self.metrics.running.dec()
         elapsed = perf_counter() - started
@@ -232,6 +240,7 @@ class DecodingWorker:
             "method": plan.method, "knobs": proposer.knobs(), "profile": plan.profile,
             "dtype": session.dtype, "device": session.device,
             "finish_reason": stream.finish_reason, "tokens_per_step": round(stats.mean_tokens_per_step, 4),
+            "sampling": describe_sampling(sampling),
             "queued_s": round(started - job.enqueued_at, 5), "stats": stats.to_dict(),
         }
         job.post(Finished(stream.text, stream.finish_reason or "",
@@ -248,3 +257,10 @@ class DecodingWorker:
         if stats.drafted_tokens:
             m.acceptance.labels(*labels).observe(stats.acceptance_rate)
         m.duration.labels(*labels).observe(elapsed)
+
+
+def live_stats(stats: Any) -> dict[str, Any]:
+    """The running figures a streamed chunk carries in its "pardec" field (`GenerationStats`)."""
+    return {"generated_tokens": stats.generated_tokens, "steps": stats.steps,
+            "tokens_per_s": round(stats.tokens_per_s, 3), "mean_tokens_per_step": round(stats.mean_tokens_per_step, 4),
+            "ttft_s": round(stats.ttft_s, 5)}

@@ -12,8 +12,9 @@ touch the model, one at a time (`_session_lock`):
   `stream.finish()`.
 
 The app holds the conversation (`Conversation`, saved after every reply unless saving is
-off) and the `ChatSettings`; the session follows the settings at the start of each
-reply, through `method_for_reply`.
+off) and the `ChatSettings`. Replies come from a backend (backend.py): a model loaded
+here, planned per reply by `pardec_cli.planning` as `pardec gen` plans a prompt, or a
+running `pardec serve` (`pardec chat --server URL`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import gc
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from time import monotonic
 from typing import Any
 
@@ -41,11 +41,13 @@ from pardec_cli.tui.conversation import (
     ConversationStore,
     Message,
     describe_method,
+    markdown_path,
     write_markdown,
 )
 from pardec_cli.tui.pacing import UpdatePacer
 from pardec_cli.tui.screens import ConversationsScreen, HelpScreen, ModelScreen
-from pardec_cli.tui.settings import AUTO, ChatSettings, method_for_reply, parse_method_words, profile_choices
+from pardec_cli.tui.backend import as_backend
+from pardec_cli.tui.settings import AUTO, ChatSettings, parse_method_words, profile_choices
 from pardec_cli.tui.widgets import (
     AssistantMessage,
     ChatInput,
@@ -57,7 +59,7 @@ from pardec_cli.tui.widgets import (
     UserMessage,
 )
 
-SessionLoader = Callable[[str | None], Any]  # model spec (None: the default model) -> Session
+SessionLoader = Callable[[str | None], Any]  # model spec (None: the default model) -> Session or backend
 
 
 # -- messages from the worker threads ---------------------------------------------------
@@ -67,6 +69,7 @@ SessionLoader = Callable[[str | None], Any]  # model spec (None: the default mod
 class ModelLoaded(TextualMessage):
     spec: str | None
     session: Any
+    backend: Any
 
 
 @dataclass
@@ -114,10 +117,6 @@ class ReplyFailed(TextualMessage):
     reply: AssistantMessage
     error: str
     overflow: bool = False
-
-
-def _live(stats: Any) -> LiveStats:
-    return LiveStats(stats.generated_tokens, stats.steps, stats.tokens_per_s, stats.mean_tokens_per_step, stats.ttft_s)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -169,6 +168,7 @@ class ChatOptions:
     save: bool = True  # keep conversations under the pardec home
     show_history: bool = False  # open on the conversation list
     store: ConversationStore = field(default_factory=ConversationStore)
+    first_message: str | None = None  # `pardec chat "first message"`: sent once the model is loaded
 
 
 class ChatApp(App[None]):
@@ -189,6 +189,7 @@ class ChatApp(App[None]):
         Binding("ctrl+o", "open_conversation", "Open"),
         Binding("ctrl+n", "new_conversation", "New"),
         Binding("ctrl+s", "save_transcript", "Save .md"),
+        Binding("f4", "copy_reply", "Copy reply"),  # not Ctrl+Y: the message box redoes with it
     ]
 
     def __init__(self, options: ChatOptions, load_session: SessionLoader) -> None:
@@ -201,7 +202,9 @@ class ChatApp(App[None]):
             self.conversation.system = options.system
         self.show_history_first = options.show_history
         self._load_session = load_session
-        self.session: Any = None
+        self.session: Any = None  # what the loader returned (a Session, or a server's backend)
+        self.backend: Any = None  # where replies come from (tui/backend.py)
+        self.pending_message = options.first_message
         self.loading = False
         self.generating = False
         self._cancel = threading.Event()
@@ -242,8 +245,8 @@ class ChatApp(App[None]):
     def _refresh_status(self) -> None:
         s = self.settings
         method = describe_method(s.method, dict(s.options))
-        if self.session is not None:
-            model = f"{self.session.model_name} ({self.session.dtype}, {self.session.device})"
+        if self.backend is not None:
+            model = f"{self.backend.model_name} ({self.backend.where})"
         else:
             model = self.model_spec or "embedded model"
         parts = [model, method, f"profile {s.profile}", s.describe_sampling()]
@@ -276,18 +279,22 @@ class ChatApp(App[None]):
         with self._session_lock:
             try:
                 session = self._load_session(spec)
-                session.set_method(*method_for_reply(session, self.settings, []))
+                backend = as_backend(session)
+                backend.apply(self.settings)  # builds a named method now: a bad knob shows at once
             except BaseException as exc:  # noqa: BLE001 - shown in the UI, never a traceback
                 self.post_message(ModelFailed(spec, _error_text(exc)))
                 return
-        self.post_message(ModelLoaded(spec, session))
+        self.post_message(ModelLoaded(spec, session, backend))
 
-    def on_model_loaded(self, message: ModelLoaded) -> None:
-        self.session = message.session  # a model loaded before is dropped here...
+    async def on_model_loaded(self, message: ModelLoaded) -> None:
+        self.session, self.backend = message.session, message.backend  # a model loaded before is dropped here...
         settle_heap()  # ...and collected here
         self.loading = False
-        self.conversation.model = message.session.model_name
+        self.conversation.model = message.backend.model_name
         self._refresh_status()
+        if self.pending_message and not self.generating:
+            text, self.pending_message = self.pending_message, None
+            await self.send(text)
 
     def on_model_failed(self, message: ModelFailed) -> None:
         self.loading = False
@@ -329,7 +336,7 @@ class ChatApp(App[None]):
         if self.generating:
             self.notify("A reply is still being generated: Esc stops it.", severity="warning")
             return
-        if self.session is None:
+        if self.backend is None:
             self.notify("The model is still loading." if self.loading else "No model is loaded: F3 picks one.",
                         severity="warning")
             return
@@ -340,7 +347,7 @@ class ChatApp(App[None]):
         """Add the user's message and start generating the reply."""
         self.conversation.messages.append(Message("user", text))
         transcript = self.query_one(Transcript)
-        reply = AssistantMessage(title=self.session.model_name)
+        reply = AssistantMessage(title=self.backend.model_name)
         await transcript.mount_all([UserMessage(text), reply])
         transcript.anchor()
         self._cancel.clear()
@@ -354,36 +361,27 @@ class ChatApp(App[None]):
     @work(thread=True, exclusive=True, group="reply")
     def _generate(self, reply: AssistantMessage, messages: list[dict[str, str]], system: str | None,
                   settings: ChatSettings) -> None:
-        session, cancel, pacer = self.session, self._cancel, self._pacer
+        backend, cancel, pacer = self.backend, self._cancel, self._pacer
         with self._session_lock:
             try:
-                name, options = method_for_reply(session, settings, messages)
-                if (name, options) != (session.method_name, session.method_options):
-                    session.set_method(name, options)
-                knobs = session.proposer.knobs()
-                prompt_ids = session.encode(messages, system=system)
-                stream = session.stream(prompt_ids, max_new_tokens=settings.max_tokens, sampling=settings.sampling(),
-                                        stop=settings.stop)
-                self.post_message(ReplyStarted(reply, name, knobs))
+                run = backend.start(messages, system, settings)  # planned by pardec_cli.planning
+                self.post_message(ReplyStarted(reply, run.method, run.knobs))
                 text: list[str] = []
                 steps: list[int] = []
-                for chunk in stream:
-                    text.append(chunk.text)
-                    if chunk.event.index > 0:  # step 0 is the prefill
-                        steps.append(len(chunk.event.tokens))
+                for piece in run:
+                    text.append(piece.text)
+                    steps.extend(piece.steps)
                     if cancel.is_set():
                         break
-                    if pacer.may_send(monotonic()):
+                    if piece.stats is not None and pacer.may_send(monotonic()):
                         pacer.sent()
-                        self.post_message(ReplyProgress(reply, "".join(text), steps, _live(stream.stats)))
+                        self.post_message(ReplyProgress(reply, "".join(text), steps, piece.stats))
                         text, steps = [], []
-                if stream.finish_reason is None:  # left the loop early: cancelled
-                    text.append(stream.finish())
+                done = run.finish()  # cancelled if the loop was left early
+                text.append(run.tail)
             except BaseException as exc:  # noqa: BLE001 - shown in the UI, never a traceback
                 self.post_message(ReplyFailed(reply, _error_text(exc), overflow=isinstance(exc, ContextOverflowError)))
                 return
-        done = Message("assistant", stream.text, finish_reason=stream.finish_reason, method=name, knobs=knobs,
-                       stats=stream.stats.to_dict())
         self.post_message(ReplyDone(reply, "".join(text), steps, done))
 
     def on_reply_started(self, message: ReplyStarted) -> None:
@@ -463,25 +461,18 @@ class ChatApp(App[None]):
             self.conversation.system = argument or None
             self.notify(f"System prompt: {argument}" if argument else "System prompt: the model's default")
             return True
-        if name == "method":
-            if not argument:
-                from pardec_cli.methods.registry import method_names
+        if name == "method" and not argument:
+            from pardec_cli.methods.registry import method_names
 
-                self.notify("Methods: " + ", ".join([AUTO, *method_names()]) + "\n/method NAME [KNOB=VALUE ...]")
-                return True
-            method, options = parse_method_words(command.words)
-            self.change_settings(self.settings.with_method(method, options))
+            self.notify("Methods: " + ", ".join([AUTO, *method_names()]) + "\n/method NAME [KNOB=VALUE ...]")
             return True
-        if name == "set":
-            from pardec_cli.methods.options import parse_assignments
-
-            if not argument:
-                raise PardecUsageError("/set KEY=VALUE ... (temp, top_p, top_k, seed, max_tokens, profile)")
-            self.change_settings(self.settings.with_values(parse_assignments(tuple(command.words))))
+        if name in ("method", "set", "profile"):
+            self.change_settings(self.settings.apply_command(name, argument))
             return True
-        if name == "profile":
-            self.change_settings(self.settings.with_values({"profile": argument}))
-            return True
+        if name == "copy":
+            return self.copy_reply(argument)
+        if name == "rename":
+            return self.rename(argument)
         if name == "model":
             if self._busy("load another model"):
                 return False
@@ -508,7 +499,7 @@ class ChatApp(App[None]):
         self.query_one(SettingsPanel).show_settings(settings)
         self._refresh_status()
         method_changed = (settings.method, dict(settings.options)) != (previous.method, dict(previous.options))
-        if method_changed and self.session is not None and not self.generating:
+        if method_changed and self.backend is not None and not self.generating:
             self._apply_method(settings, previous, self.conversation.chat_messages())
         elif method_changed:
             self.notify(f"Method {describe_method(settings.method, dict(settings.options))} from the next reply")
@@ -519,7 +510,7 @@ class ChatApp(App[None]):
         # once, not on the next message.
         with self._session_lock:
             try:
-                self.session.set_method(*method_for_reply(self.session, settings, messages))
+                self.backend.apply(settings)
             except BaseException as exc:  # noqa: BLE001 - shown in the UI
                 self.post_message(MethodFailed(previous, _error_text(exc)))
                 return
@@ -617,7 +608,7 @@ class ChatApp(App[None]):
             return
         self.conversation = conversation
         await self._show_conversation()
-        if self.session is not None and conversation.model and conversation.model != self.session.model_name:
+        if self.backend is not None and conversation.model and conversation.model != self.backend.model_name:
             self.notify(f"This conversation was held with {conversation.model}: /model {conversation.model} loads it.")
 
     def delete_conversation(self, conversation_id: str) -> None:
@@ -625,13 +616,12 @@ class ChatApp(App[None]):
             self.store.delete(conversation_id)
 
     def save_transcript(self, filename: str = "") -> bool:
-        """Write the conversation as Markdown (`/save FILE`, Ctrl+S)."""
+        """Write the conversation as Markdown (`/save FILE`, Ctrl+S: in pardec's chats folder)."""
         if not self.conversation.messages:
             self.notify("Nothing to save yet.", severity="warning")
             return False
-        target = Path(filename) if filename else Path(f"pardec-chat-{self.conversation.id}.md")
         try:
-            path = write_markdown(self.conversation, target)
+            path = write_markdown(self.conversation, markdown_path(self.conversation, filename))
         except PardecError as exc:
             self.notify(exc.message, severity="error")
             return False
@@ -640,6 +630,35 @@ class ChatApp(App[None]):
 
     def action_save_transcript(self) -> None:
         self.save_transcript()
+
+    def copy_reply(self, which: str = "") -> bool:
+        """Put a reply on the clipboard (`/copy [N]`: the last one, or the N-th from the end).
+
+        Through the terminal (OSC 52, Textual's `copy_to_clipboard`): it works over SSH
+        too, where the terminal allows it."""
+        replies = [m for m in self.conversation.messages if m.role == "assistant"]
+        try:
+            back = int(which) if which.strip() else 1
+        except ValueError:
+            raise PardecUsageError(f"/copy takes a number (1: the last reply), got {which!r}") from None
+        if not 1 <= back <= len(replies):
+            self.notify("There is no such reply to copy." if replies else "There is no reply to copy yet.",
+                        severity="warning")
+            return False
+        text = replies[-back].content
+        self.copy_to_clipboard(text)
+        self.notify(f"Copied the reply ({len(text)} characters)")
+        return True
+
+    def action_copy_reply(self) -> None:
+        self.copy_reply()
+
+    def rename(self, name: str) -> bool:
+        """`/rename NAME`: the conversation's name in the list (empty: its first message)."""
+        self.conversation.name = name.strip() or None
+        self._save_conversation()
+        self.notify(f"Renamed: {self.conversation.title or '(untitled)'}")
+        return True
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -661,11 +680,14 @@ class ChatApp(App[None]):
         yield SystemCommand("Greedy decoding", "temperature 0", lambda: self._palette_settings({"temp": "0"}))
         yield SystemCommand("Sampling (temperature 0.7, top-p 0.9)", "sample instead of greedy decoding",
                             lambda: self._palette_settings({"temp": "0.7", "top_p": "0.9"}))
+        yield SystemCommand("Sampling as the profile says", "the profile's (and the model's recommended) values",
+                            lambda: self._palette_settings({"temp": "default", "top_p": "default", "top_k": "default"}))
         yield SystemCommand("Settings panel", "method, knobs, profile and sampling (F2)", self.action_toggle_settings)
         yield SystemCommand("Load another model", "F3", self.action_pick_model)
         yield SystemCommand("New conversation", "/clear (Ctrl+N)", self.action_new_conversation)
         yield SystemCommand("Open a saved conversation", "Ctrl+O", self.action_open_conversation)
-        yield SystemCommand("Save transcript", "as Markdown in the current directory (Ctrl+S)", self.action_save_transcript)
+        yield SystemCommand("Save transcript", "as Markdown in pardec's chats folder (Ctrl+S)", self.action_save_transcript)
+        yield SystemCommand("Copy the last reply", "to the clipboard (F4)", self.action_copy_reply)
         yield SystemCommand("Keys and commands", "F1", self.action_help)
 
     def _palette_method(self, name: str) -> None:

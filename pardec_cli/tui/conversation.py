@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import tempfile
 from dataclasses import dataclass, field
@@ -54,12 +55,14 @@ class Message:
     knobs: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)  # GenerationStats.to_dict()
     per_step: list[int] = field(default_factory=list)  # tokens emitted by each decoding step
+    profile: str | None = None  # the task profile the reply was planned with
+    sampling: str | None = None  # planning.describe_sampling: "greedy", "T 0.8 p 0.95"
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.role == "assistant":
             data.update(finish_reason=self.finish_reason, method=self.method, knobs=self.knobs, stats=self.stats,
-                        per_step=self.per_step)
+                        per_step=self.per_step, profile=self.profile, sampling=self.sampling)
         return data
 
     @classmethod
@@ -72,6 +75,8 @@ class Message:
             knobs=dict(data.get("knobs") or {}),
             stats=dict(data.get("stats") or {}),
             per_step=[int(n) for n in data.get("per_step") or []],
+            profile=data.get("profile"),
+            sampling=data.get("sampling"),
         )
 
 
@@ -81,6 +86,7 @@ class Conversation:
 
     id: str = field(default_factory=new_conversation_id)
     model: str | None = None
+    name: str | None = None  # given with /rename; the title otherwise comes from the first message
     system: str | None = None
     messages: list[Message] = field(default_factory=list)
     created: str = field(default_factory=_now)
@@ -88,8 +94,8 @@ class Conversation:
 
     @property
     def title(self) -> str:
-        """The first user message, on one line and shortened."""
-        first = next((m.content for m in self.messages if m.role == "user"), "")
+        """The name given with /rename, else the first user message, on one line and shortened."""
+        first = self.name or next((m.content for m in self.messages if m.role == "user"), "")
         line = " ".join(first.split())
         return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
 
@@ -106,6 +112,7 @@ class Conversation:
             "version": FORMAT_VERSION,
             "id": self.id,
             "title": self.title,
+            "name": self.name,
             "created": self.created,
             "updated": self.updated,
             "model": self.model,
@@ -118,6 +125,7 @@ class Conversation:
         return cls(
             id=str(data["id"]),
             model=data.get("model"),
+            name=data.get("name"),
             system=data.get("system"),
             messages=[Message.from_dict(m) for m in data.get("messages", [])],
             created=str(data.get("created") or _now()),
@@ -213,6 +221,15 @@ class ConversationStore:
 # -- Markdown transcript ----------------------------------------------------------------
 
 
+def format_reply_line(message: Message) -> str:
+    """The one line under a reply: ``pld · 41.2 tok/s · 2.31 tok/step · TTFT 120 ms · 128
+    tokens · eos · T 0.8 p 0.95`` (the knobs are left to the tooltip and the saved record)."""
+    parts = [message.method or "?", format_numbers(message.stats, message.finish_reason, compact=True)]
+    if message.sampling:
+        parts.append(message.sampling)
+    return " · ".join(p for p in parts if p)
+
+
 def format_reply_stats(message: Message) -> str:
     """One line about how a reply was generated: speed, tokens per step, TTFT, then the method."""
     numbers = format_numbers(message.stats, message.finish_reason)
@@ -220,15 +237,16 @@ def format_reply_stats(message: Message) -> str:
     return f"{numbers} · {method}" if numbers else method
 
 
-def format_numbers(stats: dict[str, Any], finish_reason: str | None = None) -> str:
-    """``41.2 tok/s · 2.31 tok/step · TTFT 120 ms · 128 tokens · eos`` from GenerationStats.to_dict()."""
+def format_numbers(stats: dict[str, Any], finish_reason: str | None = None, *, compact: bool = False) -> str:
+    """``41.2 tok/s · 2.31 tok/step · TTFT 120 ms · 128 tokens · eos`` from GenerationStats.to_dict()
+    (compact: ``128 tok``, so that the chat's line under a reply fits next to its sparkline)."""
     parts = []
     if stats:
         parts.append(f"{stats.get('tokens_per_s', 0):.1f} tok/s")
         if stats.get("steps", 1):
             parts.append(f"{stats.get('mean_tokens_per_step', 0):.2f} tok/step")
         parts.append(f"TTFT {stats.get('ttft_s', 0) * 1000:.0f} ms")
-        parts.append(f"{stats.get('generated_tokens', 0)} tokens")
+        parts.append(f"{stats.get('generated_tokens', 0)} {'tok' if compact else 'tokens'}")
     if finish_reason:
         parts.append(finish_reason)
     return " · ".join(parts)
@@ -249,17 +267,48 @@ def to_markdown(conversation: Conversation, *, model: str | None = None) -> str:
         if message.role == "user":
             lines += ["## You", "", message.content.rstrip(), ""]
         else:
-            lines += [f"## {name}", "", message.content.rstrip() or "*(no text)*", ""]
+            lines += [f"## {name}", "", close_fences(message.content.rstrip()) or "*(no text)*", ""]
             lines += [f"> {format_reply_stats(message)}", ""]
     return "\n".join(lines)
 
 
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+
+
+def close_fences(text: str) -> str:
+    """`text` with a code fence left open at its end closed (CommonMark's rules: a fence
+    is closed by a line of at least as many of the same character, nothing after them).
+
+    A reply cut off by the token limit or by Esc inside a code block would otherwise
+    turn every later turn of the saved Markdown into code."""
+    open_fence: str | None = None
+    for line in text.splitlines():
+        match = _FENCE.match(line)
+        if not match:
+            continue
+        fence, rest = match.groups()
+        if open_fence is None:
+            if not (fence[0] == "`" and "`" in rest):  # a backtick fence's info string has no backtick
+                open_fence = fence
+        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and not rest.strip():
+            open_fence = None
+    return text if open_fence is None else f"{text}\n{open_fence}"
+
+
+def markdown_path(conversation: Conversation, filename: str = "") -> Path:
+    """Where `/save [FILE]` writes: FILE (relative to the working directory), or by default
+    ``<id>.md`` next to the saved conversations in pardec's data folder."""
+    return Path(filename) if filename.strip() else chats_dir() / f"{conversation.id}.md"
+
+
 def write_markdown(conversation: Conversation, target: Path, *, model: str | None = None) -> Path:
-    """Write the Markdown transcript to `target` (a relative path is taken from the cwd)."""
+    """Write the Markdown transcript to `target` (a relative path is taken from the cwd;
+    missing folders are made)."""
     path = target.expanduser()
     if path.is_dir():
         raise PardecError(f"{path} is a directory", hint="give a file name, e.g. /save chat.md")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(to_markdown(conversation, model=model), encoding="utf-8")
     except OSError as exc:
         raise PardecError(f"cannot write {path}: {exc.strerror or exc}") from None

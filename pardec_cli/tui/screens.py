@@ -23,17 +23,19 @@ KEYS = (
     ("F1, ?", "this help"),
     ("F2", "show or hide the settings panel (method, knobs, profile, sampling)"),
     ("F3", "load another model"),
+    ("F4", "copy the last reply to the clipboard (/copy N: an earlier one)"),
     ("Ctrl+O", "open a saved conversation"),
     ("Ctrl+N", "new conversation"),
-    ("Ctrl+S", "save the transcript as Markdown"),
+    ("Ctrl+S", "save the transcript as Markdown, next to the saved chats (the path is shown)"),
     ("Ctrl+P", "command palette: switch method or profile, and every action above"),
     ("Ctrl+Q", "quit"),
 )
 
 
-HELP_FOOTER = """Under each reply: tokens per second (end to end), mean tokens per decoding step (1.00 is \
-plain decoding; more means drafts were accepted), time to the first token, tokens generated and why the \
-reply ended; the bars show tokens per step; then the method and its knobs."""
+HELP_FOOTER = """Under each reply, one line: the method (hover for its knobs), tokens per second (end to end), \
+mean tokens per decoding step (1.00 is plain decoding; more means drafts were accepted), time to the first token, \
+tokens generated, why the reply ended (eos, length, stop, cancelled, repetition: a loop was cut) and the sampling \
+(greedy, or T temperature, p top-p, k top-k); the bars show tokens per step."""
 
 
 def help_table(title: str, rows: Sequence[tuple[str, str]]) -> Table:

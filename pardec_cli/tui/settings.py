@@ -1,12 +1,14 @@
 """How the chat generates: method, knobs, task profile and sampling, validated without torch.
 
 `ChatSettings` is immutable: every change (side panel, command palette, `/method`,
-`/set`) builds a new one through `with_method` / `with_values`, which check the input
+`/set`) builds a new one through `with_method` / `with_values` (or `apply_command` for a
+slash command, shared by the full-screen and the line-mode chat), which check the input
 the same way `pardec gen` does and raise `PardecUsageError` with a clear message.
 
-`method_for_reply` is the one place where the chat decides how the next reply is
-decoded: the method the user named, or with "auto" the choice of `pardec_cli.selection.selector`
-for the last user message, the profile and this machine (as `pardec gen` makes it).
+A sampling value left at None is one the user did not set: the task profile gives it
+(and a sampling profile the model's recommended values), exactly as in `pardec gen`;
+`planning_settings` and `user_set` hand the settings to `pardec_cli.planning`, which
+plans every reply (see backend.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from typing import Any
 
 from pardec_cli.engine.sampling_params import SamplingParams
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.planning import AUTO  # as a method: chosen per reply; as a profile: detected from the message
+from pardec_cli.planning import AUTO, PROFILE_SAMPLING_KEYS
+
+# Built-in values for what neither the user nor the profile sets (as `pardec gen`'s options).
+BUILTIN = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
 
 
 def profile_choices() -> list[str]:
@@ -30,35 +35,61 @@ def profile_choices() -> list[str]:
 
 @dataclass(frozen=True)
 class ChatSettings:
-    """Everything that decides how a reply is generated (the conversation is separate)."""
+    """Everything that decides how a reply is generated (the conversation is separate).
+
+    max_tokens, temperature, top_p and top_k are None until the user sets them: the
+    profile (and the model's recommendation) decides them per reply.
+    """
 
     method: str
     options: Mapping[str, Any] = field(default_factory=dict)  # knobs as given (-O, k=v), validated
     profile: str = AUTO
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    drafters: tuple[str, ...] = ()  # --draft-model with method auto: drafters auto may choose
+    repetition_guard: bool = True  # end a reply caught in a loop (engine.text.RepetitionGuard)
+
+    @property
+    def user_set(self) -> frozenset[str]:
+        """The settings of `planning.PROFILE_SAMPLING_KEYS` the user set."""
+        return frozenset(key for key in PROFILE_SAMPLING_KEYS if getattr(self, key) is not None)
+
+    def value(self, key: str) -> Any:
+        """The user's value for `key`, else the built-in one (the profile may replace it)."""
+        given = getattr(self, key)
+        return BUILTIN[key] if given is None else given
 
     def sampling(self) -> SamplingParams:
-        """The engine's sampling parameters (validated when built)."""
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+        """The engine's sampling parameters before the profile fills in (validated when built)."""
+        return SamplingParams(temperature=self.value("temperature"), top_k=self.value("top_k"),
+                              top_p=self.value("top_p"), seed=self.seed)
+
+    def planning_settings(self, system: str | None = None) -> Any:
+        """`planning.Settings` for `plan_reply` (with `user_set`, the profile fills in the rest)."""
+        from pardec_cli.planning import Settings
+
+        return Settings(max_tokens=self.value("max_tokens"), sampling=self.sampling(), stop=self.stop,
+                        system=system, raw=False)
 
     def describe_sampling(self) -> str:
-        """``greedy`` or ``temp 0.7 top-p 0.9 top-k 40 seed 1``, plus the token limit."""
+        """What the user set: ``greedy``, ``temp 0.7 top-p 0.9 top-k 40 seed 1``, ``-n 64``;
+        ``sampling per profile`` for what the profile decides."""
         if self.temperature == 0:
             text = "greedy"
         else:
-            text = f"temp {self.temperature:g}"
-            if self.top_p < 1:
-                text += f" top-p {self.top_p:g}"
-            if self.top_k:
-                text += f" top-k {self.top_k}"
+            parts = [f"temp {self.temperature:g}"] if self.temperature is not None else []
+            if self.top_p is not None:
+                parts.append(f"top-p {self.top_p:g}")
+            if self.top_k is not None:
+                parts.append(f"top-k {self.top_k}")
             if self.seed is not None:
-                text += f" seed {self.seed}"
-        return f"{text} · -n {self.max_tokens}"
+                parts.append(f"seed {self.seed}")
+            text = " ".join(parts) if parts else "sampling per profile"
+        return text + (f" · -n {self.max_tokens}" if self.max_tokens is not None else "")
 
     def with_method(self, name: str, options: Mapping[str, Any] | None = None) -> ChatSettings:
         """The same settings with another method; its name and knobs are checked first."""
@@ -70,7 +101,8 @@ class ChatSettings:
     def with_values(self, values: Mapping[str, Any]) -> ChatSettings:
         """The same settings with some sampling values changed (strings are parsed).
 
-        Keys: temp/temperature, top_p, top_k, seed ("none" clears it), max_tokens/n, profile.
+        Keys: temp/temperature, top_p, top_k, seed, max_tokens/n, profile, guard. A value
+        "default" (or empty) gives a setting back to the profile; seed "none" clears it.
         """
         changes: dict[str, Any] = {}
         for raw_key, raw in values.items():
@@ -80,20 +112,37 @@ class ChatSettings:
             changes[key] = _parse_setting(key, raw)
         updated = replace(self, **changes)
         updated.sampling()  # validate the combination (ranges)
-        if updated.max_tokens < 1:
+        if updated.max_tokens is not None and updated.max_tokens < 1:
             raise PardecUsageError(f"max_tokens must be at least 1, got {updated.max_tokens}")
         if updated.profile != self.profile and updated.profile not in (choices := profile_choices()):
             raise PardecUsageError(f"unknown profile {updated.profile!r} (profiles: {', '.join(choices)})")
         return updated
 
+    def apply_command(self, name: str, argument: str) -> ChatSettings:
+        """The settings after the slash command `/name argument` (method, set, profile), as
+        both chats carry it out."""
+        from pardec_cli.methods.options import parse_assignments
+
+        words = argument.split()
+        if name == "method":
+            return self.with_method(*parse_method_words(words))
+        if name == "set":
+            if not words:
+                raise PardecUsageError("/set KEY=VALUE ... (" + ", ".join(SETTING_NAMES) + ")")
+            return self.with_values(parse_assignments(tuple(words)))
+        if name == "profile":
+            return self.with_values({"profile": argument})
+        raise ValueError(f"/{name} does not change the settings")
+
 
 SETTING_ALIASES = {
     "temp": "temperature", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
     "seed": "seed", "max_tokens": "max_tokens", "n": "max_tokens", "profile": "profile",
+    "guard": "repetition_guard", "repetition_guard": "repetition_guard",
 }
-SETTING_NAMES = ("temp", "top_p", "top_k", "seed", "max_tokens", "profile")
+SETTING_NAMES = ("temp", "top_p", "top_k", "seed", "max_tokens", "profile", "guard")
 _SETTING_TYPES: dict[str, type] = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int,
-                                   "profile": str}
+                                   "profile": str, "repetition_guard": bool}
 
 
 def _parse_setting(key: str, raw: Any) -> Any:
@@ -103,6 +152,14 @@ def _parse_setting(key: str, raw: Any) -> Any:
     text = raw.strip()
     if key == "seed" and text.lower() in {"", "none", "random"}:
         return None
+    if key in PROFILE_SAMPLING_KEYS and text.lower() in {"", "default", "profile"}:
+        return None  # back to the profile's value
+    if kind is bool:
+        if text.lower() in {"on", "true", "yes", "1"}:
+            return True
+        if text.lower() in {"off", "false", "no", "0"}:
+            return False
+        raise PardecUsageError(f"{key} expects on or off, got {raw!r}")
     if kind is str:
         return text
     try:
@@ -132,19 +189,3 @@ def parse_method_words(words: Sequence[str]) -> tuple[str, dict[str, Any]]:
     if not words:
         raise PardecUsageError("name a method, e.g. /method pld num_draft=8")
     return words[0], dict(parse_assignments(tuple(words[1:])))
-
-
-def method_for_reply(session: Any, settings: ChatSettings,
-                     messages: Sequence[Mapping[str, str]]) -> tuple[str, dict[str, Any]]:
-    """The method and knobs that decode the next reply to `messages` on `session`.
-
-    The one place where the chat chooses how to decode (the model loader, every reply,
-    and so the status lines and the saved conversation follow it): the method the user
-    picked, or with "auto" the selector's choice for the last user message (its task
-    detected when the profile is "auto"), greedy or sampled as the settings say.
-    """
-    if settings.method != AUTO:
-        return settings.method, dict(settings.options)
-    last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
-    choice = session.auto_selector().choose(last_user, settings.profile, greedy=settings.temperature == 0)
-    return choice.method, dict(choice.knobs)

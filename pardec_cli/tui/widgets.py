@@ -4,7 +4,6 @@ the settings panel. They draw what the app tells them; none of them generates te
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from textual import events, on
@@ -15,26 +14,13 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Input, Label, LoadingIndicator, Select, Sparkline, Static, TextArea
 
-from pardec_cli.tui.conversation import Message, describe_method, format_numbers
+from pardec_cli.tui.backend import LiveStats
+from pardec_cli.tui.conversation import Message, describe_method, format_numbers, format_reply_line
 from pardec_cli.tui.markdown import ReplyMarkdown
 from pardec_cli.tui.settings import ChatSettings, profile_choices
 
 SPARKLINE_STEPS = 120  # the sparkline shows the most recent steps...
-SPARKLINE_WIDTH = 30  # ...in at most this many columns
-
-
-@dataclass(frozen=True)
-class LiveStats:
-    """A snapshot of a running generation, passed from the worker thread to the UI."""
-
-    generated_tokens: int
-    steps: int
-    tokens_per_s: float
-    mean_tokens_per_step: float
-    ttft_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+SPARKLINE_WIDTH = 16  # ...in at most this many columns (the line beside it stays one line wide)
 
 
 class StatsLine(Widget):
@@ -67,9 +53,10 @@ class Notice(Static):
 
 
 class AssistantMessage(Vertical):
-    """One reply: the Markdown body, then a sparkline of tokens per decoding step next to
-    the numbers (tokens/s, tokens per step, TTFT, tokens, why it ended), then the method
-    and its knobs.
+    """One reply: the Markdown body, then one compact line: the method, the numbers
+    (tokens/s, tokens per step, TTFT, tokens, why it ended, the sampling) and a sparkline
+    of tokens per decoding step. The method's knobs are in the line's tooltip (and in the
+    F2 panel), not on the screen under every reply.
 
     While generating, text arrives through `append` and `show_live` updates the numbers;
     `finish` freezes them and highlights the reply's code (plain while streaming: see
@@ -83,7 +70,8 @@ class AssistantMessage(Vertical):
         super().__init__(classes="message assistant" + (" -generating" if message is None else ""))
         self.border_title = title
         self._initial = message
-        self._method_line: str | None = None  # shown with the first live update
+        self._method: str | None = None  # shown with the first live update
+        self._knobs: dict[str, Any] = {}
         self.per_step: list[int] = []
         self.text = message.content if message else ""
 
@@ -94,7 +82,6 @@ class AssistantMessage(Vertical):
         with Horizontal(classes="reply-status"):
             yield StatsLine("" if self._initial else "prefill…", classes="stats")
             yield Sparkline([], classes="steps")
-        yield Label("", classes="method", markup=False)
 
     def on_mount(self) -> None:
         if self._initial is not None:
@@ -106,13 +93,14 @@ class AssistantMessage(Vertical):
 
     @property
     def stats_text(self) -> str:
-        """The numbers line and the method line, as shown."""
-        return f"{self.query_one(StatsLine).text} · {self.query_one('.method', Label).render()}"
+        """The line under the reply as shown, then its tooltip (the method with its knobs)."""
+        line = self.query_one(StatsLine)
+        return f"{line.text} · {line.tooltip or ''}"
 
     def start(self, method: str, knobs: dict[str, Any]) -> None:
-        """The generation began with this method: its line appears with the first text, in
+        """The generation began with this method: its name appears with the first text, in
         the same layout pass (a layout of the transcript is the costliest part of an update)."""
-        self._method_line = describe_method(method, knobs)
+        self._method, self._knobs = method, dict(knobs)
 
     async def append(self, text: str) -> None:
         """Add text to the reply; returns once its Markdown blocks are updated."""
@@ -122,11 +110,12 @@ class AssistantMessage(Vertical):
 
     def show_live(self, stats: LiveStats, new_steps: Sequence[int]) -> None:
         """Update the numbers and the sparkline while generating."""
-        if self._method_line is not None:
-            self.query_one(".method", Label).update(self._method_line)
-            self._method_line = None
+        line = self.query_one(StatsLine)
+        if self._method is not None and not line.tooltip:
+            line.tooltip = describe_method(self._method, self._knobs)
         self.per_step.extend(new_steps)
-        self.query_one(StatsLine).text = format_numbers(stats.to_dict())
+        numbers = format_numbers(stats.to_dict(), compact=True)
+        line.text = f"{self._method} · {numbers}" if self._method else numbers
         self._show_steps(self.per_step)
 
     async def finish(self, message: Message, tail: str = "") -> None:
@@ -152,9 +141,9 @@ class AssistantMessage(Vertical):
 
     def _show_final(self, message: Message, per_step: list[int]) -> None:
         stats_line = self.query_one(StatsLine)
-        stats_line.text = format_numbers(message.stats, message.finish_reason)
+        stats_line.text = format_reply_line(message)
+        stats_line.tooltip = describe_method(message.method or "?", message.knobs)
         stats_line.refresh(layout=True)  # the final line may wrap differently
-        self.query_one(".method", Label).update(describe_method(message.method or "?", message.knobs))
         self._show_steps(per_step)
         if message.finish_reason == "cancelled":
             self.add_class("-cancelled")
@@ -244,15 +233,15 @@ class SettingsPanel(VerticalScroll):
         yield Select([(p, p) for p in profile_choices()], value=self._initial.profile, allow_blank=False, compact=True, id="profile")
         yield Label("Sampling", classes="heading")
         yield Label("temperature (0: greedy)")
-        yield Input(compact=True, id="temperature", type="number")
+        yield Input(compact=True, id="temperature", type="number", placeholder="profile's")
         yield Label("top-p")
-        yield Input(compact=True, id="top_p", type="number")
+        yield Input(compact=True, id="top_p", type="number", placeholder="profile's")
         yield Label("top-k (0: all)")
-        yield Input(compact=True, id="top_k", type="integer")
+        yield Input(compact=True, id="top_k", type="integer", placeholder="profile's")
         yield Label("seed (empty: random)")
         yield Input(compact=True, id="seed", type="integer")
         yield Label("max new tokens")
-        yield Input(compact=True, id="max_tokens", type="integer")
+        yield Input(compact=True, id="max_tokens", type="integer", placeholder="profile's")
         yield Static("", id="settings-error", markup=False)
         yield Static("Enter applies a field; changes apply to the next reply.", classes="hint")
 
@@ -266,11 +255,10 @@ class SettingsPanel(VerticalScroll):
             method.value = settings.method
             self.query_one("#knobs", Input).value = " ".join(f"{k}={v}" for k, v in settings.options.items())
             self.query_one("#profile", Select).value = settings.profile
-            self.query_one("#temperature", Input).value = f"{settings.temperature:g}"
-            self.query_one("#top_p", Input).value = f"{settings.top_p:g}"
-            self.query_one("#top_k", Input).value = str(settings.top_k)
-            self.query_one("#seed", Input).value = "" if settings.seed is None else str(settings.seed)
-            self.query_one("#max_tokens", Input).value = str(settings.max_tokens)
+            # Empty: the profile decides (its placeholder says so).
+            for key in ("temperature", "top_p", "top_k", "seed", "max_tokens"):
+                value = getattr(settings, key)
+                self.query_one(f"#{key}", Input).value = "" if value is None else f"{value:g}"
         self.show_error(None)
 
     def show_error(self, text: str | None) -> None:

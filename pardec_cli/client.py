@@ -1,4 +1,4 @@
-"""A small client for a running `pardec serve` (what `pardec gen --server` uses).
+"""A small client for a running `pardec serve` (what `gen --server` and `chat --server` use).
 
 Standard library only (urllib): the CLI must not need an HTTP package to talk to its
 own server. Errors become `PardecError`s with the server's own message.
@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from pardec_cli.errors import PardecError
+
+API_KEY_ENV = "PARDEC_SERVE_API_KEY"  # the key `pardec gen/chat --server` send (`pardec serve --api-key` reads it too)
 
 
 class ServerClient:
