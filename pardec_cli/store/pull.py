@@ -385,7 +385,7 @@ def plan_target(spec: str, revision: str | None = None) -> Target:
 
     spec = spec.strip()
     if not spec:
-        raise PardecUsageError("which model? pass an alias (pardec list shows them) or a Hub id org/name")
+        raise PardecUsageError("which model? pass an alias (`pardec list --available` shows them) or a Hub id org/name")
     if spec.lower().endswith(".gguf"):
         raise PardecUsageError(
             f"{spec} is a GGUF file: import it instead of pulling it",
