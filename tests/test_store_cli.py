@@ -403,9 +403,10 @@ def test_show_lists_catalog_accelerators_not_pulled(fake_hub: FakeHub) -> None:
 
 
 def test_show_a_model_that_is_not_here(fake_hub: FakeHub) -> None:
+    # A catalog alias not pulled yet is described from the catalog, with the way to get it.
     result = invoke(["show", "tiny"])
-    assert result.exit_code == 1 and "tiny is not on this machine" in result.stderr
-    assert "pardec pull tiny" in result.stderr
+    assert result.exit_code == 0 and "test-org/tiny-target" in result.stdout
+    assert "no: `pardec pull tiny` downloads it" in result.stdout
     result = invoke(["show", "zzzz"])
     assert result.exit_code == 1 and "unknown model 'zzzz'" in result.stderr
 
