@@ -375,7 +375,8 @@ def default_import_name(path: Path) -> str:
               help="Dtype the dequantized weights are saved in (float32 keeps greedy output bit-exact).")
 @click.option("--force", is_flag=True, help="Replace a model of the same name.")
 @click.option("--source-repo", default=None, metavar="ORG/NAME", help="Hub id the GGUF was made from (recorded).")
-def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_repo: str | None) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="No progress display (it is shown only on a terminal anyway).")
+def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_repo: str | None, quiet: bool) -> None:
     """Convert a GGUF file (llama.cpp) into a model in pardec's store.
 
     transformers dequantizes the weights (Q4/Q5/Q8 and K-quants); the model is saved as
@@ -396,8 +397,12 @@ def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_re
             f"a model named {name!r} already exists in {models_dir()}",
             hint="choose another --name, or pass --force to replace it",
         )
-    _say(f"converting {file.name} ({architecture}) into {name} ({dtype}); big models take minutes")
+    from pardec_cli.progress import ProgressDisplay, progress_wanted
+
+    if not quiet:
+        _say(f"converting {file.name} ({architecture}) into {name} ({dtype}); big models take minutes")
     start = time.perf_counter()
-    path = convert(file, name, overwrite=force, source_repo=source_repo, dtype=dtype)
+    with ProgressDisplay(progress_wanted(quiet)) as display:
+        path = convert(file, name, overwrite=force, source_repo=source_repo, dtype=dtype, report=display.stages())
     click.echo(f"imported {name} in {time.perf_counter() - start:.1f} s: "
                f"{_size(_dir_size(path))} at {path}; run it with -m {name}")  # fmt: skip
