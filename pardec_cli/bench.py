@@ -33,6 +33,9 @@ BASELINES = {
     "llamacpp": "llama.cpp greedy on the model's GGUF file, in a worker process (pip install 'pardec[peers]')",
 }
 OVERALL = "overall"
+# What `pardec bench` runs without --prompts: pardec's own prompts, 4 per task profile
+# (categories code, chat, extraction), written for pardec and shipped in the package.
+BUILTIN_PROMPTS = "built-in"
 AUTO = "auto"  # not a method: chosen per prompt by pardec_cli.select
 
 
@@ -70,12 +73,26 @@ class Run:
     chosen: str | None = None  # for `auto`: the method and knobs it chose for this prompt
 
 
-def load_prompts(path: Path) -> list[BenchPrompt]:
-    """Read a Spec-Bench-format JSONL file ({"question_id", "category", "turns"}) or HumanEval ({"task_id", "prompt"})."""
+def builtin_prompts_text() -> str:
+    """The JSONL text of the prompt set shipped with pardec (`BUILTIN_PROMPTS`)."""
+    from importlib import resources
+
+    return resources.files("pardec_cli").joinpath("data", "bench_prompts.jsonl").read_text("utf-8")
+
+
+def load_prompts(path: Path | None) -> list[BenchPrompt]:
+    """Read a Spec-Bench-format JSONL file ({"question_id", "category", "turns"}) or
+    HumanEval ({"task_id", "prompt"}); None reads the built-in set."""
+    if path is None:
+        return _parse_prompts(builtin_prompts_text(), "built-in bench_prompts.jsonl")
     if not path.is_file():
         raise PardecUsageError(f"prompt file not found: {path}")
+    return _parse_prompts(path.read_bytes().decode("utf-8", "replace"), str(path))
+
+
+def _parse_prompts(text: str, path: str) -> list[BenchPrompt]:
     prompts: list[BenchPrompt] = []
-    for number, line in enumerate(path.read_bytes().decode("utf-8", "replace").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

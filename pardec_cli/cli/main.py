@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("pardec_cli.cli.gen:gen", "Generate text from a prompt, streamed as tokens are accepted."),
     "chat": ("pardec_cli.cli.chat:chat", "Chat in a terminal UI and watch parallel decoding at work."),
     "serve": ("pardec_cli.cli.serve:serve", "Serve a model over the OpenAI API (warm, parallel decoding per request)."),
-    "bench": ("pardec_cli.cli.bench:bench", "Benchmark methods on a Spec-Bench-format prompt set."),
+    "bench": ("pardec_cli.cli.bench:bench", "Benchmark decoding methods side by side (built-in prompts, or a Spec-Bench file)."),
     "methods": ("pardec_cli.cli.methods:methods", "List decoding methods and their knobs."),
     "doctor": ("pardec_cli.cli.doctor:doctor", "Show hardware, versions, models, and what --method auto would pick."),
     "tune": ("pardec_cli.cli.tune:tune", "Measure this machine and find the fastest method knobs per task profile."),
@@ -50,13 +50,44 @@ class LazyGroup(click.Group):
         if entry is None:
             return None
         module_name, attr = entry[0].split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        command = getattr(importlib.import_module(module_name), attr)
+        _use_flag_names(ctx, name, command)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Use the static one-liners so that --help imports no subcommand module.
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _use_flag_names(ctx: click.Context, name: str, command: click.Command) -> None:
+    """Config keys and variables named after the flags (temp, PARDEC_GEN_TEMP), the old
+    parameter names still accepted with a hint, unknown keys with a did-you-mean
+    (`pardec_cli.cli.config_names`)."""
+    import os
+
+    from pardec_cli.cli.config_names import env_names, old_env_notes, translate_defaults
+    from pardec_cli.errors import PardecError
+
+    env_names(name, command)
+    notes: list[str] = []
+    defaults = (ctx.default_map or {}).get(name)
+    if defaults:
+        from pardec_cli.config import read_config
+
+        try:
+            own = set(read_config(sorted(COMMANDS))[1].get(name, {}))
+        except PardecError:
+            own = set()
+        ctx.default_map[name], notes = translate_defaults(name, command, defaults, own)  # type: ignore[index]
+    notes += old_env_notes(name, command, os.environ)
+    quiet = ctx.resilient_parsing or "_PARDEC_COMPLETE" in os.environ
+    shown = ctx.meta.setdefault("pardec.config_notes", set())
+    for note in notes:
+        if not quiet and note not in shown:
+            shown.add(note)
+            _say(f"pardec: hint: {note}")
 
 
 # Every option can also come from PARDEC_<COMMAND>_<OPTION> (e.g. PARDEC_GEN_MAX_TOKENS=64)
