@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm": ("pardec_cli.cli.models:rm", "Remove models pardec pulled or imported; report the space freed."),
     "import": ("pardec_cli.cli.models:import_gguf", "Convert a GGUF file into a model in pardec's store."),
     "train-heads": ("pardec_cli.cli.train_heads:train_heads", "Train Medusa or EAGLE heads for a local model (its weights frozen)."),
-    "completion": ("pardec_cli.cli.completion:completion", "Print the Tab-completion script for bash, zsh or fish."),
+    "completion": ("pardec_cli.cli.completion:completion", "Print or --install the Tab-completion script for bash, zsh or fish."),
 }
 
 
