@@ -15,7 +15,7 @@ from typing import Any
 
 DEFAULT_WIDTH = 100
 
-BOX_NOTE = "box: 25th-75th percentile of the per-prompt tok/s, | the median, whiskers min to max"
+BOX_NOTE = "box: 25th-75th percentile of per-prompt tok/s, | median, whiskers min to max"
 
 
 def _plotext(width: int, height: int, color: bool) -> Any:

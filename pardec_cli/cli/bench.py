@@ -142,9 +142,10 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
         if not live:
             return
         what = f"warm-up: {label}" if warm_up else f"{prompt.category} {prompt.prompt_id}: {label}"
+        total = None if warm_up else len(prompts) * per_method
         if not bar:
-            bar.append(display.task(what, None if warm_up else len(prompts) * per_method))
-        bar[0].update(description=what)
+            bar.append(display.task(what, total))
+        bar[0].update(description=what, total=total)
 
     if use_pardec:
         # The model loads before the display starts: its first-run conversion has a
