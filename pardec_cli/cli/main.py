@@ -30,8 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("pardec_cli.cli.tune:tune", "Measure this machine and find the fastest method knobs per task profile."),
     "config": ("pardec_cli.cli.config_cmd:config", "Show where pardec keeps its files and the option defaults in effect."),
     "pull": ("pardec_cli.cli.models:pull", "Download a model and its drafters/heads into the Hugging Face cache."),
-    "list": ("pardec_cli.cli.models:list_models", "List the models on this machine (--json for JSON)."),
-    "show": ("pardec_cli.cli.models:show", "Describe a local model: architecture, size, files, accelerators."),
+    "list": ("pardec_cli.cli.models:list_models", "List the models on this machine; --available lists those that can be pulled."),
+    "show": ("pardec_cli.cli.models:show", "Describe a model: a local one, or a catalog alias before you pull it."),
     "rm": ("pardec_cli.cli.models:rm", "Remove models pardec pulled or imported; report the space freed."),
     "import": ("pardec_cli.cli.models:import_gguf", "Convert a GGUF file into a model in pardec's store."),
     "train-heads": ("pardec_cli.cli.train_heads:train_heads", "Train Medusa or EAGLE heads for a local model (its weights frozen)."),
@@ -104,9 +104,11 @@ def cli() -> None:
       pardec gen --method layerskip -O layers=16 "Explain KV caches"
       cat notes.md | pardec gen "Summarise:"         stdin is appended to the prompt
       pardec tune --budget 20                        measure this machine; auto uses the results
+      pardec list --available                        models that can be pulled, and what speeds them up
       pardec doctor                                  hardware, models, and auto's picks
       pardec serve                                   OpenAI-compatible server on 127.0.0.1:8000
-      pardec bench --prompts spec_bench.jsonl --methods auto,vanilla,pld --baseline-hf
+      pardec bench --methods auto,vanilla,pld --plot compare methods on pardec's own prompts
+      pardec completion --install                    Tab completion for your shell
 
     Greedy output of every method equals plain decoding; sampling keeps the model's
     distribution. `pardec methods` lists the methods and their knobs.

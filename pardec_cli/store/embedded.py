@@ -90,7 +90,8 @@ def ensure_embedded_model(progress: bool = False, *, offline: bool | None = None
         # writing); elsewhere one line says why the first run takes a while.
         live = progress and stderr_is_terminal()
         if progress:
-            print(PROGRESS_LINE, file=sys.stderr, flush=True)
+            # On a terminal a status line ("loading model...") may be waiting: replace it.
+            print(("\r\033[K" if live else "") + PROGRESS_LINE, file=sys.stderr, flush=True)
         with ProgressDisplay(live) as display:
             return import_gguf(gguf, EMBEDDED_ALIAS, overwrite=True, source_repo=EMBEDDED_REPO, report=display.stages())
     if offline is None:
