@@ -183,20 +183,23 @@ def _table(rows: list[tuple[str, ...]]) -> None:
 
 
 def accelerators_text(accelerators: list[dict[str, Any]]) -> str:
-    """"drafters qwen2.5-0.5b*, qwen2.5-1.5b; EAGLE heads" (* = installed here)."""
-    from pardec_cli.store.catalog import accelerator_noun
-
+    """"drafters qwen2.5-0.5b*, qwen2.5-1.5b; heads Medusa, EAGLE" (* = installed here)."""
     groups: dict[str, list[str]] = {}
     for acc in accelerators:
         mark = "*" if acc["installed"] else ""
         groups.setdefault(acc["kind"], []).append(acc["name"] + mark)
     parts = []
-    for kind, names in groups.items():
-        if kind == "drafter":
-            parts.append(("drafters " if len(names) > 1 else "drafter ") + ", ".join(names))
-        else:
-            parts.append(accelerator_noun(kind) + ("*" if any(n.endswith("*") for n in names) else ""))
+    drafters = groups.pop("drafter", [])
+    if drafters:
+        parts.append(("drafters " if len(drafters) > 1 else "drafter ") + ", ".join(drafters))
+    heads = [_HEAD_NAMES.get(kind, kind) + ("*" if any(n.endswith("*") for n in names) else "")
+             for kind, names in groups.items()]
+    if heads:
+        parts.append("heads " + ", ".join(heads))
     return "; ".join(parts) or "-"
+
+
+_HEAD_NAMES = {"medusa": "Medusa", "eagle": "EAGLE", "eagle3": "EAGLE-3"}
 
 
 def _list_catalog(as_json: bool) -> None:
@@ -206,17 +209,25 @@ def _list_catalog(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
-    table = [("ALIAS", "PARAMS", "DOWNLOAD", "HERE", "ACCELERATORS", "DESCRIPTION")]
+    table = [("ALIAS", "PARAMS", "DOWNLOAD", "HERE", "ACCELERATORS")]
     for row in rows:
         e = row.entry
-        download = "~" + _size(e.approx_download_bytes) if e.approx_download_bytes else "-"
+        download = "~" + _short_size(e.approx_download_bytes) if e.approx_download_bytes else "-"
         here = row.installed or "-"
-        table.append((e.alias, e.params or "-", download, here, accelerators_text(row.accelerators), e.description or e.repo))
+        table.append((e.alias, e.params or "-", download, here, accelerators_text(row.accelerators)))
     _table(table)
     click.echo()
-    click.echo("DOWNLOAD: the model alone at 16 bits a weight; `pardec pull ALIAS` also fetches its accelerators "
-               "(* = already here).")
+    click.echo("DOWNLOAD: the model alone, 16 bits a weight (a pull adds its accelerators; * = already here).")
     click.echo("`pardec show ALIAS` describes one; `pardec pull ALIAS` downloads it.")
+
+
+def _short_size(n: int) -> str:
+    """"270 MB", "3.4 GB": two or three significant digits, for a column."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}".replace(".0 ", " ")
+    return f"{n} B"
 
 
 # ----------------------------------------------------------------------- show
