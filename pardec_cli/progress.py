@@ -114,7 +114,7 @@ class ProgressDisplay:
         self._progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=30), TaskProgressColumn(),
             *amount, TimeElapsedColumn(), TimeRemainingColumn(),
-            console=Console(file=sys.stderr), transient=True, redirect_stdout=False, redirect_stderr=True,
+            console=Console(file=sys.stderr, force_terminal=True), transient=True, redirect_stdout=False, redirect_stderr=True,
         )  # fmt: skip
         self._progress.start()
         return self
