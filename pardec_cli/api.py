@@ -111,7 +111,8 @@ class Stream:
 def stream(session: Session, prompt: str | Sequence[Mapping[str, str]], *, method: str = "auto",
            knobs: Mapping[str, Any] | None = None, profile: str = "auto", max_tokens: int | None = None,
            temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-           seed: int | None = None, stop: Sequence[str] = (), system: str | None = None, raw: bool = False) -> Stream:  # fmt: skip
+           seed: int | None = None, stop: Sequence[str] = (), system: str | None = None,
+           raw: bool = False) -> Stream:  # fmt: skip
     """Start generating a reply to `prompt`; iterate the returned `Stream` for text.
 
     `prompt` is a string (sent through the model's chat template, unless `raw`) or a

@@ -9,7 +9,16 @@ import re
 import pytest
 
 from pardec_cli.bench import (
-    BUILTIN_PROMPTS, HF_GREEDY, OVERALL, SPREAD_NOTE, Run, format_tables, load_prompts, percentile, spread, summarize,
+    BUILTIN_PROMPTS,
+    HF_GREEDY,
+    OVERALL,
+    SPREAD_NOTE,
+    Run,
+    format_tables,
+    load_prompts,
+    percentile,
+    spread,
+    summarize,
 )
 from pardec_cli.plots import BOX_NOTE, bench_figure
 from tests.cli_helpers import invoke

@@ -85,8 +85,8 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
         BUILTIN_PROMPTS, Bench, MethodChoice, format_auto_choices, format_tables, limit_per_category as limit, load_prompts,
         make_baselines, parse_baselines, parse_methods, report_json, summarize,
     )
-    from pardec_cli.progress import ProgressDisplay, progress_wanted
     from pardec_cli.planning import load_profiles_checked
+    from pardec_cli.progress import ProgressDisplay, progress_wanted
     from pardec_cli.session import Session
 
     choices = parse_methods(methods_text)
