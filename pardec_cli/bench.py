@@ -36,7 +36,7 @@ OVERALL = "overall"
 # What `pardec bench` runs without --prompts: pardec's own prompts, 4 per task profile
 # (categories code, chat, extraction), written for pardec and shipped in the package.
 BUILTIN_PROMPTS = "built-in"
-AUTO = "auto"  # not a method: chosen per prompt by pardec_cli.select
+AUTO = "auto"  # not a method: chosen per prompt by pardec_cli.selection.selector
 
 
 @dataclass(frozen=True)
@@ -338,7 +338,7 @@ class Bench:
         self.profile = profile
         self.selector = None
         if any(c.name == AUTO for c in choices):
-            from pardec_cli.select import AutoSelector
+            from pardec_cli.selection.selector import AutoSelector
 
             self.selector = AutoSelector.for_session(session)
         self._auto_choices: dict[str, Any] = {}

@@ -6,7 +6,7 @@ Precedence for every option of every command, highest first:
     >  config file ([<command>] table, then top-level keys)  >  built-in default
 
 (the task profile of `gen`, `-P`, sits between the config file and the built-in
-defaults for the sampling options: `pardec_cli.profiles`). Click implements the first three levels itself: the file becomes its
+defaults for the sampling options: `pardec_cli.selection.profiles`). Click implements the first three levels itself: the file becomes its
 ``default_map`` and the environment its ``auto_envvar_prefix``; this module only reads
 and checks the file.
 

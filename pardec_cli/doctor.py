@@ -89,7 +89,10 @@ def machine(device: str = "auto", dtype: str = "auto") -> tuple[dict[str, Any], 
 
     cpu = cpu_info()
     gpus = probe_gpus() if device != "cpu" else []
+    from pardec_cli.selection.estimates import estimate as device_estimate
+
     hardware = detect_hardware(device, dtype)
+    speed = device_estimate(hardware)
     flags = {
         "avx2": cpu.has_avx2, "avx512": cpu.has_avx512, "avx512_bf16": cpu.has_avx512_bf16, "amx_bf16": cpu.has_amx_bf16,
     }
@@ -106,9 +109,9 @@ def machine(device: str = "auto", dtype: str = "auto") -> tuple[dict[str, Any], 
         "dtype": hardware.dtype,
         "hardware_class": hardware.hw_class,
         "estimate": {
-            "bandwidth_gbs": round(hardware.estimate.bandwidth_gbs, 1),
-            "gflops": round(hardware.estimate.gflops, 1),
-            "source": hardware.estimate.source,
+            "bandwidth_gbs": round(speed.bandwidth_gbs, 1),
+            "gflops": round(speed.gflops, 1),
+            "source": speed.source,
         },
     }
     return report, hardware
@@ -141,12 +144,12 @@ def find_model(spec: str | None) -> tuple[str, Path | None, str | None]:
 
 def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
     """For one model: its size, accelerators, tuned results, and auto's pick per profile."""
-    from pardec_cli.costmodel import ModelShape
-    from pardec_cli.profiles import load_profiles
-    from pardec_cli.select import AutoSelector, ModelInfo
+    from pardec_cli.selection.costmodel import ModelShape
+    from pardec_cli.selection.profiles import load_profiles
+    from pardec_cli.selection.selector import AutoSelector, ModelInfo
     from pardec_cli.store.accelerators import installed_accelerators
     from pardec_cli.store.inventory import config_summary
-    from pardec_cli.tuning.results import find_results, fingerprint_directory, unusable_results
+    from pardec_cli.selection.tuned import find_results, fingerprint_directory, unusable_results
 
     name, path, repo = find_model(spec)
     report: dict[str, Any] = {"name": name, "path": str(path) if path else None}
@@ -188,7 +191,7 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
 
 def profiles_report() -> dict[str, Any]:
     """The profiles and where each was read from."""
-    from pardec_cli.profiles import load_profiles, user_profiles_dir
+    from pardec_cli.selection.profiles import load_profiles, user_profiles_dir
 
     return {
         "user_dir": str(user_profiles_dir()),

@@ -8,9 +8,10 @@ the function that needs it.
 - `total_ram_bytes()`, `available_ram_bytes()`: memory, or None when unknown.
 - `cuda_devices()`: name, memory and compute capability of each CUDA GPU (torch);
   `probe_gpus()`: the same without torch where it can (nvidia-smi, or no NVIDIA driver).
-- `gpu_spec(name)`: bandwidth and compute of a known GPU (`KNOWN_GPUS`).
-- `describe(device, dtype, cpu, gpus)` -> `Hardware`: the hardware class and a speed
-  estimate for the cost model of `--method auto` (pure: tests simulate any machine);
+- `gpu_spec(name)`: bandwidth, compute and tier of a known GPU (`KNOWN_GPUS`, read
+  from data/gpus.toml).
+- `describe(device, dtype, cpu, gpus)` -> `Hardware`: the hardware class (pure: tests
+  simulate any machine; speed estimates for auto are in `pardec_cli.selection.estimates`);
   `detect_hardware(device, dtype)` does the same for this machine.
 - `resolve_device(requested)`: "auto" | "cpu" | "cuda" | "cuda:N" | "mps" -> a device.
 - `resolve_dtype(requested, device)`: "auto" | a dtype name -> "float32" | "bfloat16" |
@@ -261,87 +262,32 @@ class GpuSpec:
     tier: str
 
 
-# Order matters: more specific names first ("H100 PCIe" before "H100").
-KNOWN_GPUS: tuple[GpuSpec, ...] = (
-    GpuSpec("B200", 8000, 2250, "datacenter"),
-    GpuSpec("H200", 4800, 989, "datacenter"),
-    GpuSpec("GH200", 4000, 989, "datacenter"),
-    GpuSpec("H100 PCIe", 2000, 756, "datacenter"),
-    GpuSpec("H100 NVL", 3900, 835, "datacenter"),
-    GpuSpec("H100", 3350, 989, "datacenter"),
-    GpuSpec("H800", 3350, 989, "datacenter"),
-    GpuSpec("A100-SXM4-80GB", 2039, 312, "datacenter"),
-    GpuSpec("A100 80GB", 1935, 312, "datacenter"),
-    GpuSpec("A100", 1555, 312, "datacenter"),
-    GpuSpec("A800", 1935, 312, "datacenter"),
-    GpuSpec("L40S", 864, 362, "datacenter"),
-    GpuSpec("L40", 864, 181, "datacenter"),
-    GpuSpec("L4", 300, 121, "datacenter"),
-    GpuSpec("A10G", 600, 70, "datacenter"),
-    GpuSpec("A10", 600, 125, "datacenter"),
-    GpuSpec("V100", 900, 125, "datacenter"),
-    GpuSpec("T4", 320, 65, "datacenter"),
-    GpuSpec("MI300X", 5300, 1307, "datacenter"),
-    GpuSpec("MI250", 3200, 362, "datacenter"),
-    GpuSpec("RTX 5090", 1792, 209, "consumer"),
-    GpuSpec("RTX 5080", 960, 113, "consumer"),
-    GpuSpec("RTX 4090", 1008, 165, "consumer"),
-    GpuSpec("RTX 4080", 717, 97, "consumer"),
-    GpuSpec("RTX 4070", 504, 58, "consumer"),
-    GpuSpec("RTX 4060", 272, 30, "consumer"),
-    GpuSpec("RTX 6000 Ada", 960, 182, "consumer"),
-    GpuSpec("RTX A6000", 768, 155, "consumer"),
-    GpuSpec("RTX 3090", 936, 71, "consumer"),
-    GpuSpec("RTX 3080", 760, 59, "consumer"),
-    GpuSpec("RTX 3070", 448, 40, "consumer"),
-    GpuSpec("RTX 3060", 360, 25, "consumer"),
-    GpuSpec("RTX 2080", 448, 40, "consumer"),
-)
+def _load_known_gpus() -> tuple[GpuSpec, ...]:
+    from importlib.resources import files
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        import tomli as tomllib
+
+    rows = tomllib.loads(files("pardec_cli").joinpath("data/gpus.toml").read_text(encoding="utf-8"))["gpu"]
+    return tuple(GpuSpec(r["pattern"], float(r["bandwidth_gbs"]), float(r["tflops_16"]), r["tier"]) for r in rows)
+
+
+# The table lives in data/gpus.toml (ordered: more specific names first).
+KNOWN_GPUS: tuple[GpuSpec, ...] = _load_known_gpus()
 
 # A GPU missing from the table: a middling consumer card, or a datacenter one when it
 # has as much memory as those have.
 UNKNOWN_GPU = GpuSpec("unknown", 500, 50, "consumer")
 UNKNOWN_BIG_GPU = GpuSpec("unknown", 1500, 300, "datacenter")
+BIG_GPU_BYTES = 40 * 1024**3  # an unlisted GPU with this much memory counts as a datacenter one
 
 
 def gpu_spec(name: str) -> GpuSpec | None:
     """The `KNOWN_GPUS` row whose pattern occurs in `name` (case-insensitive), or None."""
     lowered = name.lower()
     return next((spec for spec in KNOWN_GPUS if spec.pattern.lower() in lowered), None)
-
-
-@dataclass(frozen=True)
-class DeviceEstimate:
-    """How fast a device runs one dtype, roughly: enough to rank decoding methods.
-
-    A forward of n new tokens through a model with P parameters of b bytes and L layers
-    is estimated as ``L * overhead_ms_per_layer + P*b / bandwidth + n * 2P / compute``:
-    a fixed launch/Python cost, the weights read once, and the arithmetic growing with n
-    (`pardec_cli.costmodel` turns this into a verification cost curve).
-    """
-
-    bandwidth_gbs: float
-    gflops: float
-    overhead_ms_per_layer: float
-    source: str
-
-
-# Effective (not peak) GFLOPS per CPU core, per dtype, by instruction set. Calibrated on
-# the two CPUs this project was measured on: an AVX2-only EPYC (float32 forward of
-# SmolLM2-135M: 54 ms for 1 token, +3.3 ms per extra token; bfloat16 emulated: +13 ms per
-# token) and an AMX Xeon (bfloat16: +0.4 ms per token).
-_CPU_GFLOPS_PER_CORE = {
-    "amx": {"float32": 60.0, "bfloat16": 340.0, "float16": 10.0},
-    "avx512_bf16": {"float32": 60.0, "bfloat16": 120.0, "float16": 10.0},
-    "avx512": {"float32": 60.0, "bfloat16": 10.0, "float16": 5.0},
-    "avx2": {"float32": 32.0, "bfloat16": 8.0, "float16": 4.0},
-    "other": {"float32": 15.0, "bfloat16": 4.0, "float16": 4.0},
-}
-_CPU_BANDWIDTH_PER_CORE_GBS = 5.0  # what a few cores of a shared server actually stream
-_CPU_BANDWIDTH_MAX_GBS = 60.0
-_CPU_OVERHEAD_MS_PER_LAYER = 0.15
-_GPU_OVERHEAD_MS_PER_LAYER = 0.3  # eager PyTorch kernel launches
-_GPU_EFFICIENCY = 0.5  # share of data-sheet bandwidth and compute eager PyTorch reaches
 
 
 def cpu_isa(cpu: CpuInfo) -> str:
@@ -355,35 +301,6 @@ def cpu_isa(cpu: CpuInfo) -> str:
     if cpu.has_avx2:
         return "avx2"
     return "other"
-
-
-def cpu_estimate(cpu: CpuInfo, dtype: str) -> DeviceEstimate:
-    """Speed estimate of `cpu` in `dtype` (see `_CPU_GFLOPS_PER_CORE`)."""
-    isa = cpu_isa(cpu)
-    cores = max(cpu.logical_cores, 1)
-    return DeviceEstimate(
-        bandwidth_gbs=min(cores * _CPU_BANDWIDTH_PER_CORE_GBS, _CPU_BANDWIDTH_MAX_GBS),
-        gflops=cores * _CPU_GFLOPS_PER_CORE[isa][canonical_dtype(dtype)],
-        overhead_ms_per_layer=_CPU_OVERHEAD_MS_PER_LAYER,
-        source=f"{cores} {isa.upper().replace('_', '-')} core{'s' if cores > 1 else ''}",
-    )
-
-
-def gpu_estimate(gpu: GpuInfo, dtype: str) -> DeviceEstimate:
-    """Speed estimate of `gpu` in `dtype`, from `KNOWN_GPUS` (float32 runs at 1/8 the tensor rate)."""
-    spec = gpu_spec(gpu.name)
-    source = f"the {spec.pattern} data sheet" if spec else "a guess (GPU not in pardec's table)"
-    if spec is None:
-        spec = UNKNOWN_BIG_GPU if gpu.total_memory_bytes >= 40 * 1024**3 else UNKNOWN_GPU
-    tflops = spec.tflops_16 if canonical_dtype(dtype) != "float32" else spec.tflops_16 / 8
-    if canonical_dtype(dtype) == "bfloat16" and not gpu.has_bf16:
-        tflops /= 8  # no bf16 tensor cores: emulated
-    return DeviceEstimate(
-        bandwidth_gbs=spec.bandwidth_gbs * _GPU_EFFICIENCY,
-        gflops=tflops * 1000 * _GPU_EFFICIENCY,
-        overhead_ms_per_layer=_GPU_OVERHEAD_MS_PER_LAYER,
-        source=source,
-    )
 
 
 # ------------------------------------------------------------- hardware classes
@@ -413,7 +330,6 @@ class Hardware:
     hw_class: str
     name: str
     cpu: CpuInfo
-    estimate: DeviceEstimate
     gpu: GpuInfo | None = None
 
     @property
@@ -433,16 +349,14 @@ def describe(device: str, dtype: str, cpu: CpuInfo, gpus: list[GpuInfo] | tuple[
     if kind == "cuda":
         index = int(index_text or 0)
         gpu = next((g for g in gpus if g.index == index), None) or GpuInfo(index, "unknown CUDA GPU", 0, (0, 0))
-        estimate = gpu_estimate(gpu, dtype)
         spec = gpu_spec(gpu.name)
-        tier = spec.tier if spec else ("datacenter" if gpu.total_memory_bytes >= 40 * 1024**3 else "consumer")
-        return Hardware(device, dtype, f"gpu-{tier}", gpu.name, cpu, estimate, gpu)
+        tier = spec.tier if spec else ("datacenter" if gpu.total_memory_bytes >= BIG_GPU_BYTES else "consumer")
+        return Hardware(device, dtype, f"gpu-{tier}", gpu.name, cpu, gpu)
     if kind == "mps":
-        estimate = DeviceEstimate(200, 10000, _GPU_OVERHEAD_MS_PER_LAYER, "a guess for Apple GPUs")
-        return Hardware(device, dtype, "apple", "Apple GPU", cpu, estimate)
+        return Hardware(device, dtype, "apple", "Apple GPU", cpu)
     fast_half = dtype == "bfloat16" and cpu.has_fast_bf16
     name = f"{cpu.model_name or 'unknown CPU'} ({cpu.logical_cores} cores)"
-    return Hardware("cpu", dtype, "cpu-bf16" if fast_half else "cpu", name, cpu, cpu_estimate(cpu, dtype))
+    return Hardware("cpu", dtype, "cpu-bf16" if fast_half else "cpu", name, cpu)
 
 
 def detect_hardware(device: str = "auto", dtype: str = "auto") -> Hardware:

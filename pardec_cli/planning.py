@@ -53,7 +53,7 @@ class Plan:
 
 def load_profiles_checked(profile: str) -> None:
     """Read the profiles now (a broken file is one clear error) and check a profile name."""
-    from pardec_cli.profiles import get_profile, load_profiles
+    from pardec_cli.selection.profiles import get_profile, load_profiles
 
     load_profiles()
     if profile != AUTO:
@@ -77,7 +77,7 @@ def plan_reply(
     the profile's value); `profiles` is `load_profiles()`; `selector` an `AutoSelector`,
     needed when `method` is "auto".
     """
-    from pardec_cli.tasks import detect_task
+    from pardec_cli.selection.tasks import detect_task
 
     task = detect_task(text) if profile == AUTO else None
     name = task.profile if task else profile
@@ -108,8 +108,8 @@ def profile_settings(settings: Settings, profile: Any, user_set: Collection[str]
 def planned_settings(text: str, profile: str, settings: Settings, user_set: Collection[str]) -> tuple[str, Settings]:
     """(profile used, settings) for `text` without a loaded model: the given profile, or the
     one detected from the prompt, and its sampling defaults (as `plan_reply` applies them)."""
-    from pardec_cli.profiles import load_profiles
-    from pardec_cli.tasks import detect_task
+    from pardec_cli.selection.profiles import load_profiles
+    from pardec_cli.selection.tasks import detect_task
 
     name = detect_task(text).profile if profile == AUTO else profile
     return name, profile_settings(settings, load_profiles()[name], user_set)
@@ -121,7 +121,7 @@ class Planner:
 
     def __init__(self, session: Any, *, method: str, options: dict[str, Any], profile: str, settings: Settings,
                  user_set: Collection[str], drafters: list[str]) -> None:
-        from pardec_cli.profiles import load_profiles
+        from pardec_cli.selection.profiles import load_profiles
 
         self.session = session
         self.method, self.options, self.profile = method, options, profile
@@ -129,7 +129,7 @@ class Planner:
         self.profiles = load_profiles()
         self.selector = None
         if method == AUTO:
-            from pardec_cli.select import AutoSelector
+            from pardec_cli.selection.selector import AutoSelector
 
             self.selector = AutoSelector.for_session(session, drafters=drafters)
         else:

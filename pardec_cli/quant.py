@@ -217,7 +217,7 @@ def weights_label(model: nn.Module) -> str:
 
 # What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
 # for GGUF 4-bit blocks kept, None for dense); anything else is "full". Measured with
-# `python -m pardec_cli.devtools.measure_weights --threads 1 --seconds 240` on the
+# `python -m devtools.measure_weights --threads 1 --seconds 240` on the
 # embedded SmolLM2-135M (AMD EPYC, AVX512 with avx512_bf16, no AMX; torch 2.13; load
 # average ~8 from other jobs, all configurations interleaved), one forward over a
 # 300-token context, median ms for 1 / 16 new tokens:

@@ -237,7 +237,7 @@ class Session:
         """`--method auto`'s `AutoSelector` for this model and machine, built on first use
         (it reads the hardware, the profiles, the installed accelerators and tuned results)."""
         if self._auto_selector is None:
-            from pardec_cli.select import AutoSelector
+            from pardec_cli.selection.selector import AutoSelector
 
             self._auto_selector = AutoSelector.for_session(self)
         return self._auto_selector

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pardec_cli.methods.registry import METHODS
-from pardec_cli.profiles import user_profiles_dir
+from pardec_cli.selection.profiles import user_profiles_dir
 from tests.cli_helpers import invoke
 
 CODE_PROMPT = "Write a Python function that returns the largest of three numbers."

@@ -166,7 +166,7 @@ def test_real_process_answers_without_importing_torch(installed, line):
 
 
 def test_profile_names_complete_with_the_users_own():
-    from pardec_cli.profiles import user_profiles_dir
+    from pardec_cli.selection.profiles import user_profiles_dir
 
     assert values(complete("pardec gen -P ")) == ["auto", "code", "chat", "extraction"]
     user_profiles_dir().mkdir(parents=True)

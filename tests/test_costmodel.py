@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pardec_cli.costmodel import CostCurve, ModelShape, estimated_curve
+from pardec_cli.selection.costmodel import CostCurve, ModelShape, estimated_curve
 from pardec_cli.hardware import CpuInfo, describe
+from pardec_cli.selection.estimates import estimate
 
 SMOLLM2_135M = ModelShape(134_515_008, 30)
 
@@ -46,7 +47,7 @@ def test_round_trip_through_a_dict() -> None:
 def test_estimate_for_this_projects_avx2_cpu_in_float32_is_close_to_the_measurement() -> None:
     # Measured (BRIEF): 8 tokens ~1.55x one, 16 ~2.2x, 32 ~3.1x.
     hw = describe("cpu", "float32", CpuInfo("AMD EPYC", 2, frozenset({"avx2"})))
-    c = estimated_curve(hw.estimate, SMOLLM2_135M, "float32")
+    c = estimated_curve(estimate(hw), SMOLLM2_135M, "float32")
     assert c.relative(8) == pytest.approx(1.55, rel=0.15)
     assert c.relative(16) == pytest.approx(2.2, rel=0.15)
     assert c.relative(32) == pytest.approx(3.1, rel=0.15)
@@ -55,15 +56,15 @@ def test_estimate_for_this_projects_avx2_cpu_in_float32_is_close_to_the_measurem
 def test_estimate_says_bf16_without_hardware_support_makes_width_expensive() -> None:
     # Measured (BRIEF): bf16 on the AVX2 CPU: 8 tokens ~3.7x one, 32 ~13x.
     hw = describe("cpu", "bfloat16", CpuInfo("AMD EPYC", 2, frozenset({"avx2"})))
-    c = estimated_curve(hw.estimate, SMOLLM2_135M, "bfloat16")
+    c = estimated_curve(estimate(hw), SMOLLM2_135M, "bfloat16")
     assert c.relative(8) > 2.5 and c.relative(32) > 8
 
 
 def test_estimate_says_width_is_nearly_free_on_amx_and_on_an_h100() -> None:
     # Measured (architecture guide): AMX bf16, 64 tokens ~1.6x one.
     amx = describe("cpu", "bfloat16", CpuInfo("Xeon", 2, frozenset({"avx2", "avx512f", "amx_bf16"})))
-    assert estimated_curve(amx.estimate, SMOLLM2_135M, "bfloat16").relative(64) < 2.2
+    assert estimated_curve(estimate(amx), SMOLLM2_135M, "bfloat16").relative(64) < 2.2
     from pardec_cli.hardware import GpuInfo
 
     h100 = describe("cuda:0", "bfloat16", amx.cpu, [GpuInfo(0, "NVIDIA H100 80GB HBM3", 80 << 30, (9, 0))])
-    assert estimated_curve(h100.estimate, ModelShape(8_000_000_000, 32), "bfloat16").relative(64) < 1.3
+    assert estimated_curve(estimate(h100), ModelShape(8_000_000_000, 32), "bfloat16").relative(64) < 1.3

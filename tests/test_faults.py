@@ -430,7 +430,7 @@ def _in_processes(work: Callable[[int], None], writers: int = 3) -> None:
 
 
 def _results(profile: str, value: float) -> object:
-    from pardec_cli.tuning.results import TunedCandidate, TunedProfile, TunedResults
+    from pardec_cli.selection.tuned import TunedCandidate, TunedProfile, TunedResults
 
     candidate = TunedCandidate("pld", {}, value, 1.0, 0.1, 10.0 * value, value, 3, 3)
     return TunedResults("tiny", "sha256:abc", "cpu", "float32",
@@ -450,7 +450,7 @@ CONCURRENT = ["usage-touch", "usage-touch-forget", "records-distinct", "records-
 def test_concurrent(case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Two or more writers of one state file at once: every writer's part survives, and
     the file is whole and valid (written atomically under a lock)."""
-    from pardec_cli.tuning.results import all_results, broken_results, write_results
+    from pardec_cli.selection.tuned import all_results, broken_results, write_results
 
     rounds = 15
     if case == "usage-touch":
@@ -608,9 +608,9 @@ def _populate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Path
     """A home with one of each state file: a pulled model, an imported one, usage, tuned
     results, a user profile, trained heads' marker, config and catalog."""
     from pardec_cli.config import config_path
-    from pardec_cli.profiles import user_profiles_dir
+    from pardec_cli.selection.profiles import user_profiles_dir
     from pardec_cli.store.heads import model_key, trained_heads_dir
-    from pardec_cli.tuning.results import write_results
+    from pardec_cli.selection.tuned import write_results
 
     assert pull().exit_code == 0
     monkeypatch.setattr(gguf_import, "_convert", _small_convert)

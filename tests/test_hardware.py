@@ -9,6 +9,7 @@ import pytest
 from pardec_cli import hardware
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.hardware import CpuInfo, parse_cpuinfo, parse_meminfo, resolve_device, resolve_dtype
+from pardec_cli.selection.estimates import estimate
 
 X86_CPUINFO = """\
 processor\t: 0
@@ -269,7 +270,7 @@ def test_unknown_gpu_is_guessed_from_its_memory() -> None:
     big = hardware.describe("cuda:0", "bfloat16", cpu(), [hardware.GpuInfo(0, "Some Future GPU", 96 * 1024**3, (10, 0))])
     small = hardware.describe("cuda:0", "bfloat16", cpu(), [hardware.GpuInfo(0, "Some Future GPU", 8 * 1024**3, (8, 0))])
     assert big.hw_class == "gpu-datacenter" and small.hw_class == "gpu-consumer"
-    assert "guess" in big.estimate.source
+    assert "guess" in estimate(big).source
 
 
 @pytest.mark.parametrize(
@@ -291,11 +292,11 @@ def test_hardware_classes(device, dtype, flags, gpus, expected) -> None:
 
 
 def test_estimates_rank_devices_sensibly() -> None:
-    h100 = hardware.describe("cuda:0", "bfloat16", cpu(), [H100]).estimate
-    rtx = hardware.describe("cuda:0", "bfloat16", cpu(), [RTX_3060]).estimate
-    amx = hardware.describe("cpu", "bfloat16", cpu("avx2", "avx512f", "amx_bf16")).estimate
-    avx2_bf16 = hardware.describe("cpu", "bfloat16", cpu("avx2")).estimate
-    avx2_f32 = hardware.describe("cpu", "float32", cpu("avx2")).estimate
+    h100 = estimate(hardware.describe("cuda:0", "bfloat16", cpu(), [H100]))
+    rtx = estimate(hardware.describe("cuda:0", "bfloat16", cpu(), [RTX_3060]))
+    amx = estimate(hardware.describe("cpu", "bfloat16", cpu("avx2", "avx512f", "amx_bf16")))
+    avx2_bf16 = estimate(hardware.describe("cpu", "bfloat16", cpu("avx2")))
+    avx2_f32 = estimate(hardware.describe("cpu", "float32", cpu("avx2")))
     assert h100.bandwidth_gbs > rtx.bandwidth_gbs > amx.bandwidth_gbs
     assert h100.gflops > rtx.gflops > amx.gflops > avx2_f32.gflops > avx2_bf16.gflops
 

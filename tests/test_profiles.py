@@ -8,7 +8,7 @@ import pytest
 
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.hardware import CpuInfo, GpuInfo, describe
-from pardec_cli.profiles import (
+from pardec_cli.selection.profiles import (
     BUILTIN_PROFILES, builtin_profiles_dir, get_profile, load_profiles, profile_names, user_profiles_dir,
 )
 from tests.cli_helpers import invoke

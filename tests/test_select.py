@@ -10,14 +10,14 @@ import dataclasses
 
 import pytest
 
-from pardec_cli.costmodel import CostCurve, ModelShape
+from pardec_cli.selection.costmodel import CostCurve, ModelShape
 from pardec_cli.hardware import CpuInfo, GpuInfo, describe
 from pardec_cli.methods.options import MethodOption
 from pardec_cli.methods.registry import METHODS, MethodSpec
-from pardec_cli.profiles import Candidate, Profile, get_profile
-from pardec_cli.select import AutoSelector, ModelInfo, select, step_cost_ms
+from pardec_cli.selection.profiles import Candidate, Profile, get_profile
+from pardec_cli.selection.selector import AutoSelector, ModelInfo, select, step_cost_ms
 from pardec_cli.store.accelerators import InstalledAccelerator
-from pardec_cli.tuning.results import TunedCandidate, TunedProfile, TunedResults
+from pardec_cli.selection.tuned import TunedCandidate, TunedProfile, TunedResults
 
 SMOLLM2 = ModelShape(134_515_008, 30)
 LLAMA_8B = ModelShape(8_030_000_000, 32)
@@ -242,7 +242,7 @@ def test_tuned_methods_whose_accelerator_went_away_are_skipped() -> None:
 
 
 def selector(hardware=THIS_CPU, tuned_results=None, notes=()) -> AutoSelector:
-    from pardec_cli.profiles import load_profiles
+    from pardec_cli.selection.profiles import load_profiles
 
     info = ModelInfo("smollm2-135m", SMOLLM2, "sha256:test")
     return AutoSelector(hardware, info, profiles=load_profiles(), tuned=tuned_results, notes=notes)

@@ -135,7 +135,7 @@ def test_sampling_with_a_seed_repeats_and_stop_strings_end_the_reply(client, ser
 
 
 def test_a_request_without_sampling_settings_takes_the_profiles_defaults_like_gen(client, served, tiny_cli_model):
-    from pardec_cli.profiles import get_profile
+    from pardec_cli.selection.profiles import get_profile
 
     limit = get_profile("chat").sampling["max_tokens"]
     reply = client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": CHAT_PROMPT}])

@@ -713,7 +713,7 @@ WORDS = [f"t{i}" for i in range(3000)]
 
 
 def test_same_tokenizer_with_padding_is_compatible() -> None:
-    from pardec_cli.tokenizer_compat import tokenizer_mismatch
+    from pardec_cli.store.tokenizer_compat import tokenizer_mismatch
 
     target = FakeTokenizer([*WORDS, "<pad1>", "<pad2>"], eos_token="t2")
     assert tokenizer_mismatch(target, FakeTokenizer(WORDS, eos_token="t2")) is None
@@ -731,7 +731,7 @@ def test_same_tokenizer_with_padding_is_compatible() -> None:
     ],
 )  # fmt: skip
 def test_tokenizer_mismatch_names_the_difference(drafter: FakeTokenizer, message: str) -> None:
-    from pardec_cli.tokenizer_compat import tokenizer_mismatch
+    from pardec_cli.store.tokenizer_compat import tokenizer_mismatch
 
     target = FakeTokenizer(WORDS, bos_token="t0", eos_token="t2")
     problem = tokenizer_mismatch(target, drafter)
@@ -740,7 +740,7 @@ def test_tokenizer_mismatch_names_the_difference(drafter: FakeTokenizer, message
 
 def test_renamed_reserved_tokens_are_tolerated() -> None:
     """Llama 3 -> 3.1 renamed reserved special tokens; the ids of real ones did not move."""
-    from pardec_cli.tokenizer_compat import sample_ids, tokenizer_mismatch
+    from pardec_cli.store.tokenizer_compat import sample_ids, tokenizer_mismatch
 
     old = [*WORDS[:2990], *(f"<|reserved_{i}|>" for i in range(10))]
     new = [*WORDS[:2990], "<|eom_id|>", *(f"<|reserved_{i}|>" for i in range(1, 10))]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pardec_cli.tasks import CHAT, CODE, EXTRACTION, detect_task
+from pardec_cli.selection.tasks import CHAT, CODE, EXTRACTION, detect_task
 from pardec_cli.tuning.prompts import builtin_prompts
 
 SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pardec_cli.costmodel import CostCurve
+from pardec_cli.selection.costmodel import CostCurve
 from pardec_cli.errors import PardecError
 from pardec_cli.hardware import CpuInfo, describe
-from pardec_cli.profiles import Candidate, Profile
-from pardec_cli.tuning.results import (
+from pardec_cli.selection.profiles import Candidate, Profile
+from pardec_cli.selection.tuned import (
     Run, TunedCandidate, TunedProfile, TunedResults, all_results, find_results, fingerprint_directory, read_results,
     tuned_dir, unusable_results, write_results,
 )
@@ -208,7 +208,7 @@ def test_a_budget_too_small_to_measure_anything_says_so(tiny_cli_model: Path) ->
 
 
 def test_results_for_another_device_are_never_applied(tiny_cli_model: Path) -> None:
-    from pardec_cli.tuning.results import fingerprint_directory
+    from pardec_cli.selection.tuned import fingerprint_directory
 
     fingerprint = fingerprint_directory(tiny_cli_model)
     elsewhere = sample_results(device="cuda:NVIDIA H100 80GB HBM3", fingerprint=fingerprint)

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from pardec_cli.costmodel import CostCurve
-from pardec_cli.tuning.results import Run
+from pardec_cli.selection.costmodel import CostCurve
+from pardec_cli.selection.tuned import Run
 from pardec_cli.tuning.search import (
     VANILLA, BudgetTooSmall, SearchConfig, predicted_speedup, speedups, successive_halving,
 )

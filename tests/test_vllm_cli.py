@@ -165,3 +165,67 @@ def test_doctor_says_whether_vllm_is_installed_and_what_it_runs(monkeypatch):
 def test_the_device_is_vllms_choice(fake_vllm):
     result = invoke(["gen", "--engine", "vllm", "--device", "cpu", "Hi"])
     assert result.exit_code == 2 and "--device is for pardec's engine" in result.stderr
+
+
+# -- pardec serve --engine vllm: pardec chooses, then vLLM's own OpenAI server runs --------
+
+
+@pytest.fixture
+def exec_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """`os.execv` recorded instead of replacing the test process."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr("os.execv", lambda path, argv: calls.append(list(argv)))
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    return calls
+
+
+def test_serve_dry_run_prints_the_vllm_command_with_pardecs_method(fake_vllm, model_dir, exec_calls):
+    result = invoke(["serve", "--engine", "vllm", "-m", str(model_dir), "--method", "pld", "-O", "num_draft=4",
+                     "--port", "8081", "--dry-run"])
+    assert result.exit_code == 0, result.stderr
+    command = result.stdout.strip()
+    assert command.startswith(f"vllm serve {model_dir.resolve()} ")
+    assert """--speculative-config '{"method":"ngram","num_speculative_tokens":4""" in command
+    assert command.endswith("--host 127.0.0.1 --port 8081")
+    assert "speculative_config" in result.stderr  # the reasons, on stderr
+    assert exec_calls == []
+
+
+def test_serve_execs_vllm_with_the_api_key_which_is_never_echoed(fake_vllm, model_dir, exec_calls):
+    result = invoke(["serve", "--engine", "vllm", "-m", str(model_dir), "--method", "vanilla", "--api-key", "s3cret",
+                     "--vllm-arg=--max-model-len", "--vllm-arg=2048"])
+    assert result.exit_code == 0, result.stderr
+    [argv] = exec_calls
+    assert argv[:3] == ["vllm", "serve", str(model_dir.resolve())]
+    assert argv[-4:] == ["--api-key", "s3cret", "--max-model-len", "2048"]
+    assert "s3cret" not in result.stderr and "***" in result.stderr
+
+
+def test_serve_without_vllm_says_how_to_install_it(monkeypatch, model_dir, exec_calls):
+    monkeypatch.setattr(plan_module, "vllm_version", lambda: None)
+    result = invoke(["serve", "--engine", "vllm", "-m", str(model_dir)])
+    assert result.exit_code == 1
+    assert "pip install 'pardec[vllm]'" in result.stderr and exec_calls == []
+
+
+def test_serve_on_pardecs_engine_refuses_vllm_only_flags():
+    for flags in (["--dry-run"], ["--tensor-parallel", "2"], ["--vllm-arg", "x"]):
+        result = invoke(["serve", *flags])
+        assert result.exit_code == 2 and "are for --engine vllm" in result.stderr, flags
+    result = invoke(["serve", "--method", "pld"])
+    assert result.exit_code == 2 and '"pardec" field' in result.stderr
+
+
+def test_a_model_stored_with_gguf_blocks_reaches_vllm_as_its_gguf_file(fake_vllm, model_dir, tmp_path, exec_calls):
+    gguf = tmp_path / "model.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    (model_dir / "pardec-quant.json").write_text("{}")
+    (model_dir / "pardec-model.json").write_text(json.dumps({"format": 1, "gguf": str(gguf)}))
+    result = invoke(["serve", "--engine", "vllm", "-m", str(model_dir), "--method", "vanilla", "--dry-run"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith(f"vllm serve {gguf} ")
+    assert f"--tokenizer {model_dir.resolve()}" in result.stdout
+    assert f"--hf-config-path {model_dir.resolve()}" in result.stdout
+    gguf.unlink()
+    result = invoke(["serve", "--engine", "vllm", "-m", str(model_dir), "--method", "vanilla", "--dry-run"])
+    assert result.exit_code == 2 and "the GGUF file it was imported from is gone" in result.stderr

@@ -36,7 +36,7 @@ class ProfileName(click.ParamType):
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
         from click.shell_completion import CompletionItem
 
-        from pardec_cli.profiles import profile_names
+        from pardec_cli.selection.profiles import profile_names
 
         return [CompletionItem(name) for name in [AUTO, *profile_names()] if name.startswith(incomplete)]
 

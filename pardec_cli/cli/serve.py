@@ -12,7 +12,9 @@ import sys
 
 import click
 
-from pardec_cli.cli.options import compile_notice, compile_option, model_options
+from pardec_cli.cli.options import (
+    build_method_options, compile_notice, compile_option, engine_options, method_options, model_options, profile_option,
+)
 from pardec_cli.cli.output import is_terminal, loading_status
 from pardec_cli.errors import PardecError, PardecUsageError
 
@@ -39,9 +41,19 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
               help="On Ctrl-C or SIGTERM, how long running and queued requests may take to finish before they are "
               "cancelled (a second Ctrl-C cancels at once).")
 @click.option("--access-log", is_flag=True, help="Log every request to stderr.")
+@engine_options
+@method_options()
+@profile_option
+@click.option("--vllm-arg", "vllm_args", multiple=True, metavar="ARG",
+              help="With --engine vllm: one more argument for `vllm serve`, passed as it is (repeatable, e.g. "
+              "--vllm-arg=--max-model-len --vllm-arg=8192).")
+@click.option("--dry-run", is_flag=True,
+              help="With --engine vllm: print the `vllm serve` command pardec would run, and why, then exit.")
 def serve(model: str | None, dtype: str, weights: str, device: str, offline: bool | None, compile: str, host: str, port: int,
           api_key: str | None, max_queue: int, max_body: int, max_tokens_limit: int, drain_timeout: float,
-          access_log: bool) -> None:
+          access_log: bool, engine: str, tensor_parallel: int | None, pipeline_parallel: int | None, method: str,
+          method_opts: tuple[str, ...], draft_model: str | None, heads_dir: str | None, profile: str,
+          vllm_args: tuple[str, ...], dry_run: bool) -> None:
     """Serve a model over the OpenAI API (chat completions, completions, models).
 
     The model is loaded once and stays warm. Every request is decoded with parallel
@@ -67,7 +79,24 @@ def serve(model: str | None, dtype: str, weights: str, device: str, offline: boo
       curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
         -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}]}'
       pardec gen --server http://127.0.0.1:8000 "Hi"  the warm server generates
+      pardec serve --engine vllm -m llama-3.1-70b --tensor-parallel 4 --dry-run
+
+    With --engine vllm, pardec resolves the model and its drafter or heads from its
+    store, chooses the method once for --profile (default: chat; vLLM fixes its
+    speculative method when it starts) or takes --method/-O, and runs vLLM's own
+    OpenAI server (`vllm serve`) with that speculative_config: clients see the same API.
     """
+    if engine == "vllm":
+        run_vllm_serve(model, dtype=dtype, offline=offline, host=host, port=port, api_key=api_key, method=method,
+                       options=build_method_options(method, method_opts, draft_model, heads_dir),
+                       profile=profile, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+                       extra=vllm_args, dry_run=dry_run)
+        return
+    if tensor_parallel or pipeline_parallel or vllm_args or dry_run:
+        raise PardecUsageError("--tensor-parallel, --pipeline-parallel, --vllm-arg and --dry-run are for --engine vllm")
+    if method != "auto" or method_opts or profile != "auto":
+        raise PardecUsageError("with pardec's engine every request chooses its method and profile",
+                               hint='name them in the request\'s "pardec" field, e.g. {"pardec": {"method": "pld"}}')
     if host not in LOOPBACK and not api_key:
         click.echo(f"pardec: warning: listening on {host} without --api-key: anyone who can reach this "
                    "machine can use the model", err=True)
@@ -83,6 +112,44 @@ def serve(model: str | None, dtype: str, weights: str, device: str, offline: boo
         session.target.warm()  # compile the steps (compiled runner) before the first request waits for them
         warm_up(session)
     run_server(session, config, sock, drain_timeout=drain_timeout, access_log=access_log)
+
+
+def run_vllm_serve(model: str | None, *, dtype: str, offline: bool | None, host: str, port: int,
+                   api_key: str | None, method: str, options: dict[str, object], profile: str,
+                   tensor_parallel: int | None, pipeline_parallel: int | None, extra: tuple[str, ...],
+                   dry_run: bool) -> None:
+    """Plan the method for vLLM and replace this process with `vllm serve` (or print it)."""
+    import os
+    import shutil
+
+    from pardec_cli.vllm_engine.launch import format_command
+    from pardec_cli.vllm_engine.plan import require_vllm, vllm_serve_command
+
+    if not dry_run:
+        require_vllm()
+    if api_key:
+        extra = ("--api-key", api_key, *extra)
+    command, plan = vllm_serve_command(
+        model, method=method, options=options, profile="chat" if profile == "auto" else profile, host=host,
+        port=port, extra=extra, dtype=dtype, offline=offline, tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+    )
+    for line in plan.reasons:
+        click.echo(f"pardec: {line}", err=True)
+    shown = format_command(command)
+    if api_key:
+        shown = shown.replace(api_key, "***")
+    if dry_run:
+        click.echo(shown)
+        return
+    click.echo(f"pardec: running {shown}", err=True)
+    executable = shutil.which(command[0])
+    if executable is None:  # vLLM installed without its script on PATH (another venv's python)
+        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", *command[1:]]
+        executable = sys.executable
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(executable, command)  # vLLM owns the process from here: signals, exit status
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -23,7 +23,7 @@ class ProfileOrAll(click.ParamType):
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
         from click.shell_completion import CompletionItem
 
-        from pardec_cli.profiles import profile_names
+        from pardec_cli.selection.profiles import profile_names
 
         return [CompletionItem(n) for n in ["all", *profile_names()] if n.startswith(incomplete)]
 
@@ -84,7 +84,7 @@ def _model_key(model: str | None, device: str, dtype: str) -> tuple[str, str | N
     """(name, fingerprint or None, device key, dtype) of MODEL here, without loading it."""
     from pardec_cli.doctor import find_model
     from pardec_cli.hardware import detect_hardware
-    from pardec_cli.tuning.results import fingerprint_directory
+    from pardec_cli.selection.tuned import fingerprint_directory
 
     name, path, _repo = find_model(model)
     hardware = detect_hardware(device, dtype)
@@ -94,7 +94,7 @@ def _model_key(model: str | None, device: str, dtype: str) -> tuple[str, str | N
 def show_results(model: str | None, device: str, dtype: str, as_json: bool) -> None:
     from dataclasses import asdict
 
-    from pardec_cli.tuning.results import scan_results, tuned_dir
+    from pardec_cli.selection.tuned import scan_results, tuned_dir
     from pardec_cli.tuning.tuner import describe_results
 
     found, broken = scan_results()
@@ -132,7 +132,7 @@ def show_results(model: str | None, device: str, dtype: str, as_json: bool) -> N
 
 def reset_results(model: str | None) -> None:
     from pardec_cli.doctor import find_model
-    from pardec_cli.tuning.results import fingerprint_directory, remove_results, scan_results
+    from pardec_cli.selection.tuned import fingerprint_directory, remove_results, scan_results
 
     found, broken = scan_results()
     # Files that are not valid cannot say which model they are for, and are of no use to
@@ -159,7 +159,7 @@ def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, p
     from pardec_cli.planning import load_profiles_checked
     from pardec_cli.errors import PardecUsageError
     from pardec_cli.methods.registry import get_spec
-    from pardec_cli.profiles import load_profiles
+    from pardec_cli.selection.profiles import load_profiles
     from pardec_cli.session import Session
     from pardec_cli.tuning.tuner import Tuner, TuneRequest, describe_results
 
@@ -191,7 +191,7 @@ def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, p
     ProgressView.clear()
     for line in describe_results(results, applies=True):
         click.echo(line)
-    from pardec_cli.select import AutoSelector
+    from pardec_cli.selection.selector import AutoSelector
 
     selector = AutoSelector.for_session(session)
     click.echo("auto now picks:")

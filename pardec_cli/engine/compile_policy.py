@@ -4,7 +4,7 @@ from __future__ import annotations
 
 #: Tokens after which compiling the two step graphs has paid for itself, per device type:
 #: the compile time of both graphs over the time saved per one-token step. CPU: measured
-#: with `python -m pardec_cli.devtools.runner_speed` (SmolLM2-135M, bf16, int4 weights, 2
+#: with `python -m devtools.runner_speed` (SmolLM2-135M, bf16, int4 weights, 2
 #: AVX512-bf16 cores: 94 s to compile, 24.5 -> 17.1 ms per step: 12,700 tokens). CUDA: not
 #: measured yet (no GPU was lent); CUDA graphs remove most of a small model's step, so the
 #: same compile pays back sooner there.

@@ -14,7 +14,7 @@ from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods.base import AdaptiveLength, MethodEnv
 from pardec_cli.methods.drafter import ModelDrafter
-from pardec_cli.tokenizer_compat import tokenizer_mismatch
+from pardec_cli.store.tokenizer_compat import tokenizer_mismatch
 
 
 class DraftModel:

@@ -219,7 +219,7 @@ def parse_extension(ext: Any) -> tuple[str, dict[str, Any], str]:
             if "+" not in method:  # a combination routes its knobs to its parts when it is built
                 resolve_options(method, spec.options, knobs)
         if profile != AUTO:
-            from pardec_cli.profiles import get_profile
+            from pardec_cli.selection.profiles import get_profile
 
             get_profile(profile)
     except PardecError as exc:

@@ -93,7 +93,7 @@ class DecodingWorker:
     """A thread that takes jobs from a bounded queue and decodes them on `session`."""
 
     def __init__(self, session: Any, *, max_queue: int, metrics: ServerMetrics) -> None:
-        from pardec_cli.profiles import load_profiles
+        from pardec_cli.selection.profiles import load_profiles
 
         self.session = session
         self.metrics = metrics

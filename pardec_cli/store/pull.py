@@ -326,7 +326,7 @@ def check_drafter(target_dir: Path, drafter_dir: Path, target_tokenizer: Any = N
     from transformers import AutoTokenizer
 
     from pardec_cli.store.loading import quiet_transformers
-    from pardec_cli.tokenizer_compat import tokenizer_mismatch
+    from pardec_cli.store.tokenizer_compat import tokenizer_mismatch
 
     try:
         with quiet_transformers():

@@ -5,7 +5,7 @@
 the same way `pardec gen` does and raise `PardecUsageError` with a clear message.
 
 `method_for_reply` is the one place where the chat decides how the next reply is
-decoded: the method the user named, or with "auto" the choice of `pardec_cli.select`
+decoded: the method the user named, or with "auto" the choice of `pardec_cli.selection.selector`
 for the last user message, the profile and this machine (as `pardec gen` makes it).
 """
 
@@ -24,7 +24,7 @@ AUTO = "auto"  # as a method: chosen per reply; as a profile: detected from the 
 def profile_choices() -> list[str]:
     """Task profiles a user can pick (`-P`, the side panel, `/profile`): auto, then the
     built-in and the user's own profiles."""
-    from pardec_cli.profiles import profile_names
+    from pardec_cli.selection.profiles import profile_names
 
     return [AUTO, *profile_names()]
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pardec_cli.costmodel import CURVE_POINTS, CostCurve
+from pardec_cli.selection.costmodel import CURVE_POINTS, CostCurve
 
 
 def measure_curve(

@@ -14,7 +14,7 @@ from time import perf_counter
 from typing import Any
 
 from pardec_cli.tuning.prompts import TunePrompt
-from pardec_cli.tuning.results import Run
+from pardec_cli.selection.tuned import Run
 from pardec_cli.tuning.search import VANILLA
 from pardec_cli.tuning.space import TuneCandidate
 

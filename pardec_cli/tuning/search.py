@@ -23,8 +23,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pardec_cli.costmodel import CostCurve
-from pardec_cli.tuning.results import Run
+from pardec_cli.selection.costmodel import CostCurve
+from pardec_cli.selection.tuned import Run
 
 VANILLA = "vanilla"
 # Screening drops candidates predicted slower than this share of the best prediction.

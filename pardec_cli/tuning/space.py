@@ -20,7 +20,7 @@ from typing import Any
 from pardec_cli.hardware import Hardware
 from pardec_cli.methods.options import MethodOption, resolve_options
 from pardec_cli.methods.registry import METHODS, MethodSpec, get_spec
-from pardec_cli.profiles import Profile, method_label
+from pardec_cli.selection.profiles import Profile, method_label
 from pardec_cli.store.accelerators import InstalledAccelerator
 
 
@@ -92,7 +92,7 @@ def candidate_pool(
     only: Sequence[str] = (),
 ) -> list[TuneCandidate]:
     """Seeds first (profile order), then their neighbours; each setting once."""
-    from pardec_cli.select import unavailable_reason  # the same filter auto applies
+    from pardec_cli.selection.selector import unavailable_reason  # the same filter auto applies
 
     seeds: list[TuneCandidate] = []
     listed = [(c.method, c.knobs) for c in profile.candidates_for(hardware)]

@@ -18,10 +18,11 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from pardec_cli.costmodel import CostCurve, estimated_curve
+from pardec_cli.selection.costmodel import CostCurve, estimated_curve
+from pardec_cli.selection.estimates import estimate as device_estimate
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.tuning.prompts import TunePrompt, builtin_prompts, file_prompts
-from pardec_cli.tuning.results import Run, TunedCandidate, TunedProfile, TunedResults, write_results
+from pardec_cli.selection.tuned import Run, TunedCandidate, TunedProfile, TunedResults, write_results
 from pardec_cli.tuning.search import VANILLA, BudgetTooSmall, Outcome, Progress, SearchConfig, successive_halving
 from pardec_cli.tuning.space import TuneCandidate, candidate_pool
 
@@ -83,8 +84,8 @@ class Tuner:
 
     def __init__(self, session: Any, request: TuneRequest, *, on_event: Callable[[TuneEvent], None] | None = None,
                  clock: Callable[[], float] = perf_counter) -> None:
-        from pardec_cli.profiles import load_profiles
-        from pardec_cli.select import AutoSelector
+        from pardec_cli.selection.profiles import load_profiles
+        from pardec_cli.selection.selector import AutoSelector
 
         self.session = session
         self.request = request
@@ -108,7 +109,7 @@ class Tuner:
         if self.request.prompts_file is None:
             found = {name: builtin_prompts(name) for name in self.request.profiles}
         else:
-            from pardec_cli.tasks import detect_task
+            from pardec_cli.selection.tasks import detect_task
 
             prompts = file_prompts(self.request.prompts_file)
             if len(self.request.profiles) == 1:
@@ -154,9 +155,9 @@ class Tuner:
         """Seconds measuring the curve takes: the estimated curve's shape at the probed speed."""
         if self.results.curve is not None:
             return 0.0
-        from pardec_cli.costmodel import CURVE_POINTS
+        from pardec_cli.selection.costmodel import CURVE_POINTS
 
-        estimate = estimated_curve(self.hardware.estimate, self.selector.model.shape, self.hardware.dtype)
+        estimate = estimated_curve(device_estimate(self.hardware), self.selector.model.shape, self.hardware.dtype)
         return CURVE_REPEATS * sum(estimate.relative(n) for n in CURVE_POINTS) * base_ms / 1000 + 1.0
 
     def check_budget(self) -> tuple[float, float]:

@@ -90,13 +90,13 @@ def auto_choice(resolved: Any, prompt: str, profile: str, *, greedy: bool, gpus:
     loaded): the hardware (the first GPU, or the CPU), the accelerators installed for
     the model, tuned results; methods vLLM lacks are skipped with that reason.
     """
-    from pardec_cli.costmodel import ModelShape
+    from pardec_cli.selection.costmodel import ModelShape
     from pardec_cli.hardware import auto_dtype, cpu_info, describe
-    from pardec_cli.profiles import load_profiles
-    from pardec_cli.select import AutoSelector, ModelInfo
+    from pardec_cli.selection.profiles import load_profiles
+    from pardec_cli.selection.selector import AutoSelector, ModelInfo
     from pardec_cli.store.accelerators import installed_accelerators
     from pardec_cli.store.inventory import config_summary
-    from pardec_cli.tuning.results import find_results, fingerprint_directory, unusable_results
+    from pardec_cli.selection.tuned import find_results, fingerprint_directory, unusable_results
 
     cpu = cpu_info()
     device = "cuda:0" if gpus else "cpu"
@@ -145,6 +145,24 @@ def accelerator_path(method: str, knobs: Mapping[str, Any], resolved: Any, *, of
             hint=f"pass --heads DIR, or train them: pardec train-heads --kind {method}",
         )
     return str(found.path)
+
+
+def vllm_weights(model_dir: Path) -> tuple[Path, str | None]:
+    """What vLLM loads for a model in pardec's store: the folder, or for a model stored
+    with its GGUF blocks kept (which only pardec reads) the GGUF file it came from."""
+    from pardec_cli.store.layout import recorded_gguf
+    from pardec_cli.store.quantized import is_quantized_dir
+
+    if not is_quantized_dir(model_dir):
+        return model_dir, None
+    gguf = recorded_gguf(model_dir)
+    if gguf is None or not gguf.is_file():
+        raise PardecUsageError(
+            f"{model_dir.name} is stored in pardec's quantized format, which vLLM cannot read, and the GGUF file "
+            "it was imported from is gone",
+            hint="import the GGUF again (pardec import FILE), or pull the model's safetensors from the Hub",
+        )
+    return gguf, f"vLLM reads the GGUF file {gguf} (vLLM's GGUF support; recent vLLM needs vllm-gguf-plugin)"
 
 
 def plan_vllm(model: str | None, *, offline: bool | None = None, progress: bool = False, **kwargs: Any) -> VllmPlan:
@@ -208,14 +226,18 @@ def plan_method(
     )
     parallel = parallel_sizes(len(gpus), attention_heads=attention_heads(resolved.path),
                               tensor=tensor_parallel, pipeline=pipeline_parallel)
-    args = engine_args(str(resolved.path), translation, parallel, served_name=resolved.name, dtype=dtype, seed=seed)
+    weights_path, weights_note = vllm_weights(resolved.path)
+    args = engine_args(str(weights_path), translation, parallel, served_name=resolved.name, dtype=dtype, seed=seed)
+    if weights_path != resolved.path:
+        # A GGUF file carries weights only: config and tokenizer come from the store's folder.
+        args.update(tokenizer=str(resolved.path), hf_config_path=str(resolved.path))
     spec = json.dumps(translation.speculative_config) if translation.speculative_config else "none (plain decoding)"
     reasons += [
         f"vllm      speculative_config {spec}",
         f"parallel  tensor {parallel.tensor} x pipeline {parallel.pipeline}"
         + (f" over {len(gpus)} GPU(s) found" if gpus else " (no GPU found)")
         + (f"; backend {parallel.backend} (more GPUs than this machine has)" if parallel.backend else ""),
-        *(f"note      {note}" for note in translation.notes),
+        *(f"note      {note}" for note in (*translation.notes, *([weights_note] if weights_note else []))),
     ]
     return VllmPlan(resolved.name, resolved.path, name, knobs, translation, parallel, args, tuple(reasons))
 

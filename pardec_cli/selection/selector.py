@@ -7,7 +7,7 @@ tokens plus the drafting, and emits on average t tokens. Relative to plain decod
     speed-up = t * c(1) / (c(1 + d) + draft_forwards * c(1) + draft_calls * a(1) + draft_ms)
 
 where c(n) is the verification cost curve of this model on this device (measured by
-`pardec tune`, else estimated from the hardware: `pardec_cli.costmodel`), a(1) one
+`pardec tune`, else estimated from the hardware: `pardec_cli.selection.costmodel`), a(1) one
 forward of the accelerator (drafter or heads) the candidate needs, and t, d and the
 drafting terms come from the task profile's priors or, better, from tune's
 measurements on this machine. The candidate with the highest expected speed-up wins;
@@ -32,15 +32,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pardec_cli.costmodel import CostCurve, ModelShape, estimated_curve, forward_ms
+from pardec_cli.selection.costmodel import CostCurve, ModelShape, estimated_curve, forward_ms
+from pardec_cli.selection.estimates import estimate as device_estimate
 from pardec_cli.hardware import Hardware
-from pardec_cli.profiles import AUTO, Candidate, Profile, knob_problem, method_label
+from pardec_cli.selection.profiles import AUTO, Candidate, Profile, knob_problem, method_label
 from pardec_cli.store.accelerators import InstalledAccelerator
-from pardec_cli.tasks import TaskGuess, detect_task
+from pardec_cli.selection.tasks import TaskGuess, detect_task
 
 if TYPE_CHECKING:
     from pardec_cli.methods.registry import MethodSpec
-    from pardec_cli.tuning.results import TunedProfile, TunedResults
+    from pardec_cli.selection.tuned import TunedProfile, TunedResults
 
 AUTO_METHOD = "auto"
 # Under sampling a drafted token is kept with probability min(1, p/q) instead of when
@@ -160,7 +161,7 @@ def select(
         from pardec_cli.methods.registry import METHODS
 
         methods = METHODS
-    curve = curve or estimated_curve(hardware.estimate, model, hardware.dtype)
+    curve = curve or estimated_curve(device_estimate(hardware), model, hardware.dtype)
     baseline = Estimate("vanilla", {}, 1.0, 1.0, 1.0, "baseline")
     estimates: list[Estimate] = [baseline]
     skipped: list[tuple[str, str]] = []
@@ -244,8 +245,8 @@ def _accelerator_variants(
             continue
         if acc.parameters and acc.layers:
             # Scale the estimate by the measured curve's calibration: a(1) = c(1) * est_a / est_c.
-            ratio = forward_ms(hardware.estimate, ModelShape(acc.parameters, acc.layers), hardware.dtype, 1) / forward_ms(
-                hardware.estimate, model, hardware.dtype, 1
+            ratio = forward_ms(device_estimate(hardware), ModelShape(acc.parameters, acc.layers), hardware.dtype, 1) / forward_ms(
+                device_estimate(hardware), model, hardware.dtype, 1
             )
             accelerator_ms = curve.base_ms * ratio
         else:
@@ -305,9 +306,9 @@ class AutoSelector:
         `drafters` given on the command line), profiles, and the tuned results that
         match this model, device and dtype exactly."""
         from pardec_cli.hardware import cpu_info, cuda_devices, describe
-        from pardec_cli.profiles import load_profiles
+        from pardec_cli.selection.profiles import load_profiles
         from pardec_cli.store.accelerators import installed_accelerators, local_path, sized_accelerator
-        from pardec_cli.tuning.results import find_results, fingerprint_config, fingerprint_directory, unusable_results
+        from pardec_cli.selection.tuned import find_results, fingerprint_config, fingerprint_directory, unusable_results
 
         gpus = cuda_devices() if session.device.startswith("cuda") else []
         hardware = describe(session.device, session.dtype, cpu_info(), gpus)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pardec_cli.hardware import DeviceEstimate
+from pardec_cli.selection.estimates import DeviceEstimate
 
 # The n at which curves are estimated and measured (new tokens per forward).
 CURVE_POINTS: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)

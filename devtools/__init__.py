@@ -1,4 +1,4 @@
-"""Maintainers' measurement tools, run as `python -m pardec_cli.devtools.NAME`.
+"""Maintainers' measurement tools, run as `python -m devtools.NAME`.
 
 measure_priors re-measures the task profiles' priors (profiles/*.toml), auto_share
 compares `--method auto` with the best single method in `pardec bench --json` reports,

@@ -1,6 +1,6 @@
 """From `pardec bench --json` reports: auto's tokens/s as a share of the best single method's, per category.
 
-    python -m pardec_cli.devtools.auto_share bench.json [more.json ...] [--before untuned.json]
+    python -m devtools.auto_share bench.json [more.json ...] [--before untuned.json]
 
 Every other label in the report except vanilla, hf and hf-pld counts as a single
 method. With --before, the auto column of that report (e.g. before `pardec tune`) is

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pardec_cli import __version__, statefile
-from pardec_cli.costmodel import CostCurve
+from pardec_cli.selection.costmodel import CostCurve
 from pardec_cli.errors import PardecError
 from pardec_cli.home import pardec_home
 from pardec_cli.statefile import MapOf, Optional, StateFileError, check_shape
@@ -79,7 +79,7 @@ class TunedCandidate:
 
     @property
     def label(self) -> str:
-        from pardec_cli.profiles import method_label
+        from pardec_cli.selection.profiles import method_label
 
         return method_label(self.method, self.knobs)
 

@@ -7,7 +7,7 @@ counts do not depend on the hardware, only on the model and the prompts, so thes
 the priors profiles ship with; `pardec tune` measures the same things on a user's own
 machine and model.
 
-    python -m pardec_cli.devtools.measure_priors [-m MODEL] [--per-profile 8] [-n 96] [--json out.json]
+    python -m devtools.measure_priors [-m MODEL] [--per-profile 8] [-n 96] [--json out.json]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    from pardec_cli.profiles import method_label
+    from pardec_cli.selection.profiles import method_label
     from pardec_cli.session import Session
     from pardec_cli.tuning.prompts import builtin_prompts
 

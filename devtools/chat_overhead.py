@@ -1,6 +1,6 @@
 """Tokens/s of `pardec chat` (the real app, in a tmux terminal) against `pardec gen`, same settings.
 
-    python -m pardec_cli.devtools.chat_overhead [--pairs 20] [--method pld] [-n 128] [--prompt TEXT]
+    python -m devtools.chat_overhead [--pairs 20] [--method pld] [-n 128] [--prompt TEXT]
 
 Each pair runs `pardec gen --json` and one chat reply, in alternating order, each in a
 fresh process. Both sides report the engine's own statistics: gen prints them, and the

@@ -1,6 +1,6 @@
 """Task-detection accuracy on labelled prompt sets (the mapping is the one tests/test_tasks.py uses).
 
-    python -m pardec_cli.devtools.task_accuracy [/work/shared/bench/spec_bench_dev.jsonl ...] [--show-errors]
+    python -m devtools.task_accuracy [../shared/bench/spec_bench_dev.jsonl ...] [--show-errors]
 """
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from pathlib import Path
 
-from pardec_cli.tasks import detect_task
+from pardec_cli.selection.tasks import detect_task
 
 CATEGORY_PROFILE = {
     "coding": "code", "code_edit": "code", "humaneval": "code",
@@ -19,9 +20,10 @@ CATEGORY_PROFILE = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # The benchmark sets sit in ../shared/bench next to a checkout of this repository.
+    bench = Path(__file__).resolve().parents[2] / "shared" / "bench"
     parser.add_argument("files", nargs="*", default=[
-        "/work/shared/bench/spec_bench_dev.jsonl", "/work/shared/bench/code_edit_dev.jsonl",
-        "/work/shared/bench/humaneval_dev.jsonl"])
+        str(bench / name) for name in ("spec_bench_dev.jsonl", "code_edit_dev.jsonl", "humaneval_dev.jsonl")])
     parser.add_argument("--show-errors", action="store_true")
     args = parser.parse_args()
     total, right = Counter(), Counter()

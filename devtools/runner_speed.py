@@ -7,7 +7,7 @@ per k the median and the interquartile range of each, and the break-even: compil
 seconds over the time saved per one-token step (the number behind
 `engine.runner.BREAK_EVEN_TOKENS`). Run it twice to see a warm on-disk cache.
 
-    python -m pardec_cli.devtools.runner_speed [-m MODEL] [--dtype bfloat16] [--context 300] [--repeats 30]
+    python -m devtools.runner_speed [-m MODEL] [--dtype bfloat16] [--context 300] [--repeats 30]
 """
 
 from __future__ import annotations

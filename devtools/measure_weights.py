@@ -6,7 +6,7 @@ prompt, then times forwards of 1 and 16 new tokens, interleaving every configura
 round after round for `--seconds` so that a busy machine slows them all alike; prints
 the median and the fastest time of each.
 
-    python -m pardec_cli.devtools.measure_weights [-m MODEL] [--threads 2] [--seconds 120]
+    python -m devtools.measure_weights [-m MODEL] [--threads 2] [--seconds 120]
 """
 
 from __future__ import annotations

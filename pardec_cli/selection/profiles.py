@@ -116,7 +116,7 @@ def builtin_profiles_dir() -> Traversable:
     repository's top-level ``profiles/`` folder; in an installed wheel, the package data
     ``pardec_cli/profile_data/`` that pyproject.toml maps that folder to.
     """
-    checkout = Path(__file__).resolve().parent.parent / "profiles"
+    checkout = Path(__file__).resolve().parents[2] / "profiles"
     if (checkout / "code.toml").is_file():
         return checkout
     return resources.files("pardec_cli").joinpath("profile_data")

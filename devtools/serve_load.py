@@ -1,6 +1,6 @@
 """Time to first token and throughput of a running `pardec serve`, measured from clients.
 
-    python -m pardec_cli.devtools.serve_load --url http://127.0.0.1:8000 [--ttft 10] [--clients 16]
+    python -m devtools.serve_load --url http://127.0.0.1:8000 [--ttft 10] [--clients 16]
         [--requests 2] [-n 16] [--prompt TEXT]
 
 1. Time to first token on the warm server: `--ttft` streamed requests one after the
