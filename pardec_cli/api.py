@@ -126,7 +126,7 @@ def stream(session: Session, prompt: str | Sequence[Mapping[str, str]], *, metho
     """
     from pardec_cli.engine.sampling_params import SamplingParams
     from pardec_cli.planning import PROFILE_SAMPLING_KEYS, Settings, load_profiles_checked, plan_reply
-    from pardec_cli.profiles import load_profiles
+    from pardec_cli.selection.profiles import load_profiles
 
     load_profiles_checked(profile)
     given = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k}

@@ -101,7 +101,7 @@ def speedup_figure(speedups: dict[str, float], *, width: int = DEFAULT_WIDTH, co
 
 def tune_figures(results: Any, *, width: int = DEFAULT_WIDTH, color: bool = False) -> str:
     """`pardec tune --show`'s pictures for one results file: its cost curve and its
-    profiles' best speed-ups (`pardec_cli.tuning.results.TunedResults`)."""
+    profiles' best speed-ups (`pardec_cli.selection.tuned.TunedResults`)."""
     parts = []
     if results.curve is not None:
         parts.append(cost_curve_figure(results.curve.points, width=width, color=color,

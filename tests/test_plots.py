@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pardec_cli.costmodel import CostCurve
+from pardec_cli.selection.costmodel import CostCurve
 from pardec_cli.plots import cost_curve_figure, speedup_figure, tune_figures
-from pardec_cli.tuning.results import TunedCandidate, TunedProfile, TunedResults
+from pardec_cli.selection.tuned import TunedCandidate, TunedProfile, TunedResults
 
 
 def candidate(method: str, knobs: dict, speedup: float) -> TunedCandidate:

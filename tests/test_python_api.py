@@ -83,7 +83,7 @@ def test_a_stream_can_stop_early(tiny_as_embedded: Path) -> None:
 
 
 def test_profile_defaults_fill_what_the_call_leaves_unset(tiny_as_embedded: Path) -> None:
-    from pardec_cli.profiles import load_profiles
+    from pardec_cli.selection.profiles import load_profiles
 
     model = api.load()
     code_default = load_profiles()["code"].sampling.get("max_tokens")
