@@ -127,7 +127,7 @@ def show(ctx: click.Context, command_name: str | None, as_json: bool) -> None:
                     in {*PROFILE_SAMPLING_KEYS, "temp"}]
         if profiled:
             click.echo(f"pardec: note: {', '.join(profiled)} at their default take the task profile's value "
-                       "when it has one (-P; see the README's task profiles)", err=True)
+                       "when it has one (-P; task profiles: docs/auto.md)", err=True)
     if as_json:
         click.echo(json.dumps({"command": name, "options": rows, "unknown_keys": unknown}, indent=2))
         return
