@@ -23,6 +23,7 @@ from time import perf_counter
 from typing import Any
 
 from pardec_cli.errors import PardecUsageError
+from pardec_cli.planning import AUTO  # not a method: planned per prompt, as `pardec gen` plans it
 
 HF_GREEDY = "hf"
 HF_PROMPT_LOOKUP = "hf-pld"
@@ -36,7 +37,6 @@ OVERALL = "overall"
 # What `pardec bench` runs without --prompts: pardec's own prompts, 4 per task profile
 # (categories code, chat, extraction), written for pardec and shipped in the package.
 BUILTIN_PROMPTS = "built-in"
-AUTO = "auto"  # not a method: chosen per prompt by pardec_cli.selection.selector
 
 
 @dataclass(frozen=True)
@@ -321,7 +321,7 @@ class Bench:
     """
 
     def __init__(self, session: Any, choices: Sequence[MethodChoice], *, max_new_tokens: int,
-                 baselines: Sequence[Baseline] = (), profile: str = "auto") -> None:
+                 baselines: Sequence[Baseline] = (), profile: str = AUTO, drafters: Sequence[str] = ()) -> None:
         from pardec_cli.methods.registry import get_spec
 
         for choice in choices:
@@ -333,14 +333,19 @@ class Bench:
         self.max_new_tokens = max_new_tokens
         self.proposers = {c.label: session.build_proposer(c.name, c.options) for c in choices if c.name != AUTO}
         self.labels = [c.label for c in choices]
-        # `auto` chooses per prompt (for `profile`, detected from the prompt when "auto"),
-        # through the same selector `pardec gen` uses; each choice is built once.
+        # `auto` is planned per prompt by `planning`, as `pardec gen` plans it (for `profile`,
+        # detected from the prompt when "auto"; `drafters` offered to it as --draft-model
+        # offers them), with every setting fixed: one token budget, greedy, for all rows.
+        # Each choice is built once.
         self.profile = profile
-        self.selector = None
+        self.planner = None
         if any(c.name == AUTO for c in choices):
-            from pardec_cli.selection.selector import AutoSelector
+            from pardec_cli.engine.sampling_params import SamplingParams
+            from pardec_cli.planning import ALL_SETTINGS, Planner, Settings
 
-            self.selector = AutoSelector.for_session(session)
+            settings = Settings(max_tokens=max_new_tokens, sampling=SamplingParams(), stop=(), system=None, raw=False)
+            self.planner = Planner(session, method=AUTO, options={}, profile=profile, settings=settings,
+                                   user_set=ALL_SETTINGS, drafters=drafters, apply=False)
         self._auto_choices: dict[str, Any] = {}
         self.baselines = list(baselines)
         self._baseline_of = {label: b for b in self.baselines for label in b.labels}
@@ -416,11 +421,11 @@ class Bench:
 
     def _auto_proposer(self, text: str) -> tuple[Any, str]:
         """auto's proposer for this prompt, and the label of what it chose."""
-        assert self.selector is not None
-        choice = self.selector.choose(text, self.profile)
-        if choice.label not in self._auto_choices:
-            self._auto_choices[choice.label] = self.session.build_proposer(choice.method, choice.knobs)
-        return self._auto_choices[choice.label], choice.label
+        assert self.planner is not None
+        plan = self.planner.plan(text)
+        if plan.label not in self._auto_choices:
+            self._auto_choices[plan.label] = self.session.build_proposer(plan.method, plan.knobs)
+        return self._auto_choices[plan.label], plan.label
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """How one reply is decoded: its task profile, its sampling settings and its method.
 
-`pardec gen` and `pardec serve` plan every prompt through `plan_reply`, so a prompt
-sent to the server is decoded as `gen` would decode it (same profile, same sampling
-defaults, same method and knobs): the server's greedy text equals gen's.
+`pardec gen`, `pardec serve`, `pardec bench` (its `auto` rows), `pardec tune` (what auto
+picks afterwards) and the Python `Session` plan every prompt through `plan_reply`, so
+a prompt is decoded the same way wherever it is sent (same profile, same sampling
+defaults, same method and knobs, the same `--draft-model` drafters offered to auto):
+the server's greedy text equals gen's.
 
 Per prompt: the profile is the one given, or detected from the text (`-P auto`); its
 [sampling] table gives defaults for the settings the user left unset; the method is
@@ -12,14 +14,19 @@ decoding. Torch-free until a selector is built.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-AUTO = "auto"  # as a method: chosen per prompt; as a profile: detected from the prompt
+# As a method: chosen per prompt; as a profile: detected from the prompt. Defined once, in
+# the selection package (the lowest layer that needs it); import it from here.
+from pardec_cli.selection.profiles import AUTO, method_label
 
 # Settings a profile's [sampling] table gives defaults for (setting name -> profile key).
 PROFILE_SAMPLING_KEYS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+# `user_set` for a caller that fixes every setting itself (bench and tune compare methods
+# at one token budget, greedy): the profile's [sampling] table then changes nothing.
+ALL_SETTINGS = frozenset(PROFILE_SAMPLING_KEYS)
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,12 @@ class Plan:
     knobs: dict[str, Any]
     profile: str
     reasons: tuple[str, ...] = field(default=())  # what --explain prints, one fact a line
+    choice: Any = field(default=None, compare=False)  # auto's `selection.selector.Choice`; None for a named method
+
+    @property
+    def label(self) -> str:
+        """'method[knob=value,...]', as the tables and auto's explanation name it."""
+        return method_label(self.method, self.knobs)
 
     def explain_lines(self) -> list[str]:
         """The reasons, plus the sampling and token limit in effect."""
@@ -86,7 +99,7 @@ def plan_reply(
         if selector is None:
             raise ValueError("method auto needs a selector")
         choice = replace(selector.choose(text, name, greedy=settings.sampling.greedy), task=task)
-        return Plan(settings, choice.method, dict(choice.knobs), name, tuple(choice.reasons()))
+        return Plan(settings, choice.method, dict(choice.knobs), name, tuple(choice.reasons()), choice)
     given = f"{name} (detected: {'; '.join(task.reasons)})" if task else f"{name} (given)"
     return Plan(settings, method, dict(options), name, (f"method    {method} (given)", f"profile   {given}"))
 
@@ -115,34 +128,46 @@ def planned_settings(text: str, profile: str, settings: Settings, user_set: Coll
     return name, profile_settings(settings, load_profiles()[name], user_set)
 
 
-class Planner:
-    """`plan_reply` for many prompts with the same request (a `gen` run): the profiles and
-    auto's selector are gathered once, and each plan becomes the session's method."""
+def build_selector(session: Any, drafters: Sequence[str] = ()) -> Any:
+    """auto's `AutoSelector` for a loaded session: its hardware, profiles, installed
+    accelerators plus `drafters` (models given with --draft-model, which auto may then
+    choose) and tuned results. `Session.auto_selector` keeps one per set of drafters."""
+    from pardec_cli.selection.selector import AutoSelector
 
-    def __init__(self, session: Any, *, method: str, options: dict[str, Any], profile: str, settings: Settings,
-                 user_set: Collection[str], drafters: list[str]) -> None:
+    return AutoSelector.for_session(session, drafters=tuple(drafters))
+
+
+class Planner:
+    """`plan_reply` for many prompts with the same request (a `gen` run, a benchmark's
+    `auto` rows): the profiles and auto's selector are gathered once.
+
+    With `apply=True` (gen) each plan becomes the session's method; with `apply=False`
+    (bench, which interleaves methods) the caller builds the plan's proposer itself.
+    """
+
+    def __init__(self, session: Any, *, method: str, options: Mapping[str, Any], profile: str, settings: Settings,
+                 user_set: Collection[str], drafters: Sequence[str] = (), apply: bool = True) -> None:
         from pardec_cli.selection.profiles import load_profiles
 
         self.session = session
-        self.method, self.options, self.profile = method, options, profile
+        self.method, self.options, self.profile = method, dict(options), profile
         self.settings, self.user_set = settings, set(user_set)
+        self.apply = apply
         self.profiles = load_profiles()
         self.selector = None
         if method == AUTO:
-            from pardec_cli.selection.selector import AutoSelector
-
-            self.selector = AutoSelector.for_session(session, drafters=drafters)
-        else:
-            session.set_method(method, options)  # a bad knob fails before the first prompt
+            self.selector = session.auto_selector(tuple(drafters))
+        elif apply:
+            session.set_method(method, self.options)  # a bad knob fails before the first prompt
         self.profile_used: str | None = None
         self.warned_seed = False  # the front end says once per run that a greedy --seed does nothing
 
     def plan(self, text: str) -> Plan:
-        """The plan for `text`; with auto, its method becomes the session's."""
+        """The plan for `text`; with auto (and `apply`), its method becomes the session's."""
         plan = plan_reply(text, method=self.method, options=self.options, profile=self.profile,
                           settings=self.settings, user_set=self.user_set, profiles=self.profiles,
                           selector=self.selector)
         self.profile_used = plan.profile
-        if self.selector is not None:
+        if self.selector is not None and self.apply:
             self.session.set_method(plan.method, plan.knobs)
         return plan

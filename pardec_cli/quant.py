@@ -14,9 +14,10 @@ are stored as integers and dequantized inside the matmul kernel.
 
 Both are plain `nn.Module`s whose forward calls one aten op, so they run eagerly and
 trace under ``torch.compile`` without graph breaks. `quantize_linears` swaps them into
-a loaded model's decoder layers. The LM head and the embedding stay dense: Medusa,
-EAGLE, layer-skip and head training read ``get_output_embeddings().weight`` directly,
-and SmolLM2-style models tie the head to the embedding.
+a loaded model's decoder layers; `quantize_head` gives the output head a quantized copy
+for its matmul while its `weight` stays dense (Medusa, EAGLE, layer-skip and head
+training read ``get_output_embeddings().weight`` directly, and SmolLM2-style models tie
+the head to the embedding, which stays dense).
 
 This module depends on torch only.
 """
@@ -205,6 +206,50 @@ def quantize_linears(model: nn.Module, mode: str, *, group_size: int = DEFAULT_G
     return replaced
 
 
+class QuantizedHead(nn.Module):
+    """The output head, multiplied through a quantized copy of its weight.
+
+    `weight` stays the dense [V, h] matrix (for SmolLM2-style models the embedding's own
+    parameter): Medusa, EAGLE, layer-skip and head training read
+    ``get_output_embeddings().weight`` and keep reading the exact one. Only the logits
+    of the model's own forward go through `quantized`, so a step reads V*h/2 bytes (int4)
+    or V*h (int8) there instead of 2*V*h: for a 135M model with a 49k vocabulary the head
+    is over half the bytes of a 4-bit step.
+    """
+
+    def __init__(self, dense: nn.Linear, quantized: nn.Module) -> None:
+        super().__init__()
+        self.in_features, self.out_features = dense.in_features, dense.out_features
+        self.weight = dense.weight  # shared, not copied
+        self.bias = dense.bias
+        self.quantized = quantized
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quantized(x)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+def quantize_head(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZE) -> bool:
+    """Route the model's output head through an int8 or int4 copy (`QuantizedHead`), in
+    place; False when `mode` is "full", the model has no nn.Linear head, or the int4
+    kernel cannot take its shape."""
+    if mode == "full" or not hasattr(model, "get_output_embeddings"):
+        return False
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        return False
+    if mode == "int8":
+        quantized: nn.Module = Int8Linear.from_weight(head.weight, head.bias)
+    elif mode == "int4" and can_int4(head, group_size):
+        quantized = Int4Linear.from_weight(head.weight, head.bias, group_size=group_size)
+    else:
+        return False
+    model.set_output_embeddings(QuantizedHead(head, quantized))
+    return True
+
+
 def weights_label(model: nn.Module) -> str:
     """What the model's decoder layers hold: "int8", "int4", or "full" (dense)."""
     kinds = {type(m) for m in model.modules()}
@@ -216,18 +261,10 @@ def weights_label(model: nn.Module) -> str:
 
 
 # What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
-# for GGUF 4-bit blocks kept, None for dense); anything else is "full". Measured with
-# `python -m devtools.measure_weights --threads 1 --seconds 240` on the
-# embedded SmolLM2-135M (AMD EPYC, AVX512 with avx512_bf16, no AMX; torch 2.13; load
-# average ~8 from other jobs, all configurations interleaved), one forward over a
-# 300-token context, median ms for 1 / 16 new tokens:
-#   bfloat16  full 142 / 174   int8  98 / 191   int4  76 / 153
-#   float32   full 121 / 256   int8 224 / 2882  int4 456 / 6140
-# So in bfloat16 int4 is fastest for both one token and a 16-token verification, and for
-# a model stored as 4-bit blocks it is those very codes: auto picks it there. int8 is
-# slower than dense at 16 tokens (what parallel decoding verifies), and a dense model
-# would lose precision to int4, so dense models stay dense. In float32 the packed
-# kernels are far slower than dense.
+# for GGUF 4-bit blocks kept, None for dense); anything else is "full". In bfloat16, int4
+# over a model's own 4-bit blocks was fastest for one token and for a 16-token
+# verification; int8, and any packed kernel in float32, were slower than dense. The
+# measurement (devtools/measure_weights.py) is in docs/weights.md.
 AUTO_CPU: dict[tuple[str, str | None], str] = {("bfloat16", "q4"): "int4"}
 
 

@@ -144,7 +144,7 @@ class Session:
         self.offline = offline
         self._drafters: dict[str, tuple[Any, Any]] = {}
         self._proposers: dict[tuple[str, str], Any] = {}
-        self._auto_selector: Any = None
+        self._auto_selectors: dict[tuple[str, ...], Any] = {}
         self.method_name = "vanilla"
         self.method_options: dict[str, Any] = {}
         self.proposer = self._build("vanilla", {})
@@ -211,36 +211,49 @@ class Session:
         return found.path if found is not None else None
 
     def _load_drafter(self, spec: str) -> tuple[Any, Any]:
-        """Load (once) a second model on the target's device and dtype."""
+        """Load (once) a second model on the target's device and dtype; it must share the
+        target's tokenizer (drafted ids are compared with the target's)."""
         if spec not in self._drafters:
             from pardec_cli.engine.model import LanguageModel
             from pardec_cli.store.loading import load_model
             from pardec_cli.store.resolve import resolve_model
+            from pardec_cli.store.tokenizer_compat import tokenizer_mismatch
 
             resolved = resolve_model(spec, offline=self.offline)
             model, tokenizer = load_model(resolved.path, dtype=self.dtype, device=self.device)
+            problem = tokenizer_mismatch(self.tokenizer, tokenizer)
+            if problem:
+                raise PardecUsageError(
+                    f"draft model {spec!r} does not share the target's tokenizer: {problem}",
+                    hint="choose a drafter from the same model family",
+                )
             self._drafters[spec] = (LanguageModel(model), tokenizer)
         return self._drafters[spec]
 
     def _build(self, name: str, options: Mapping[str, Any]) -> Any:
         from pardec_cli.methods.base import MethodEnv
         from pardec_cli.methods.registry import create
+        from pardec_cli.store.heads import read_marker
 
-        env = MethodEnv(self.target, self.tokenizer, self._load_drafter, self._find_heads, self.model_name)
+        env = MethodEnv(self.target, self.tokenizer, self._load_drafter, self._find_heads, self.model_name,
+                        heads_notes=read_marker)
         return create(name, options, env)
 
     def build_proposer(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
         """A new proposer for this session's model, without making it the current method."""
         return self._build(name, dict(options or {}))
 
-    def auto_selector(self) -> Any:
+    def auto_selector(self, drafters: Sequence[str] = (), *, refresh: bool = False) -> Any:
         """`--method auto`'s `AutoSelector` for this model and machine, built on first use
-        (it reads the hardware, the profiles, the installed accelerators and tuned results)."""
-        if self._auto_selector is None:
-            from pardec_cli.selection.selector import AutoSelector
+        (`planning.build_selector`: the hardware, the profiles, the installed accelerators
+        plus `drafters`, and tuned results) and kept per set of drafters. `refresh` reads
+        everything again (after `pardec tune` saved new results)."""
+        key = tuple(drafters)
+        if refresh or key not in self._auto_selectors:
+            from pardec_cli.planning import build_selector
 
-            self._auto_selector = AutoSelector.for_session(self)
-        return self._auto_selector
+            self._auto_selectors[key] = build_selector(self, key)
+        return self._auto_selectors[key]
 
     def set_method(self, name: str, options: Mapping[str, Any] | None = None) -> None:
         """Switch the decoding method (validated; the old one stays if this fails).

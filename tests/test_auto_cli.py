@@ -157,6 +157,7 @@ def test_doctor_names_a_broken_profile():
     assert "code.toml:2: sampling.temperature" in result.stderr
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.skipif(sys.platform != "linux", reason="the no-GPU path is checked on Linux")
 def test_doctor_without_measuring_does_not_import_torch_on_a_machine_without_a_gpu_driver(tiny_cli_model):
     from pardec_cli.hardware import NVIDIA_DRIVER_PATH

@@ -70,7 +70,29 @@ def test_caches_that_cannot_roll_back_fail_loudly_before_decoding(cache):
     with pytest.raises(CacheRollbackError) as info:
         check_rollback_supported(cache)
     assert "cannot be rolled back" in info.value.message
-    assert "vanilla" in info.value.hint
+    assert info.value.cache_type == type(cache).__name__
+    assert info.value.hint is None  # the engine names no flag: each front end words the remedy
+
+
+@pytest.mark.parametrize("cache", [NoCrop(), SlidingWindow()])
+def test_the_cli_words_the_remedy_in_its_own_flags(cache):
+    from pardec_cli.cli.main import cli_words
+
+    with pytest.raises(CacheRollbackError) as info:
+        check_rollback_supported(cache)
+    message, hint = cli_words(info.value)
+    assert (message, hint) == (info.value.message, "use --method vanilla with this model")
+
+
+def test_sampling_errors_name_the_setting_and_the_cli_names_its_flag():
+    from pardec_cli.cli.main import cli_words
+    from pardec_cli.engine.sampling_params import SamplingParams
+    from pardec_cli.errors import InvalidSamplingError
+
+    with pytest.raises(InvalidSamplingError) as info:
+        SamplingParams(top_p=0.0)
+    assert (info.value.setting, info.value.message) == ("top_p", "top_p must be in (0, 1], got 0.0")
+    assert cli_words(info.value)[0] == "--top-p must be in (0, 1], got 0.0"
 
 
 def test_decode_checks_rollback_before_the_first_step():

@@ -84,7 +84,7 @@ def test_settings_changes_are_checked():
     settings = ChatSettings(method="pld")
     assert settings.with_values({"temp": "0.7", "seed": "none", "n": "32"}).describe_sampling() == "temp 0.7 · -n 32"
     assert settings.with_method("lookahead", {"window": "4"}).options == {"window": "4"}
-    for values, message in [({"temp": "hot"}, "temperature expects a number"), ({"top_p": "0"}, "--top-p"),
+    for values, message in [({"temp": "hot"}, "temperature expects a number"), ({"top_p": "0"}, r"top_p must be in \(0, 1\]"),
                             ({"profile": "poetry"}, "unknown profile"), ({"colour": "1"}, "unknown setting"),
                             ({"max_tokens": "0"}, "at least 1")]:
         with pytest.raises(PardecUsageError, match=message):

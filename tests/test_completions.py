@@ -5,7 +5,6 @@ method names and model names, without importing torch or transformers.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -155,6 +154,7 @@ finally:
 """
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("line", ["pardec ", "pardec gen --method ", "pardec gen -m my"])
 def test_real_process_answers_without_importing_torch(installed, line):
     done = subprocess.run([sys.executable, "-c", REAL_PROCESS, line], capture_output=True, text=True, timeout=60)

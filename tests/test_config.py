@@ -88,6 +88,20 @@ def test_config_path_reports_the_locations(isolated_home):
     assert paths["config_file"].startswith(os.environ["PARDEC_CONFIG_DIR"])
 
 
+@pytest.mark.parametrize("variable, value, expected", [
+    ("HF_HUB_CACHE", "{tmp}/hub-cache", "{tmp}/hub-cache"),
+    ("HUGGINGFACE_HUB_CACHE", "{tmp}/legacy-cache", "{tmp}/legacy-cache"),
+    (None, None, "{tmp}/hf-home/hub"),
+])
+def test_config_path_names_the_hf_cache_pardec_uses(tmp_path, monkeypatch, variable, value, expected):
+    from pardec_cli.store.resolve import hub_cache_dir
+
+    if variable:
+        monkeypatch.setenv(variable, value.format(tmp=tmp_path))
+    paths = json.loads(invoke(["config", "path", "--json"]).stdout)
+    assert paths["hf_cache"] == expected.format(tmp=tmp_path) == str(hub_cache_dir())
+
+
 def test_misspelled_keys_are_pointed_out_with_the_closest_names():
     write_config("[gen]\nmax_tokenz = 5\ntmp = 0.3\n")
     result = invoke(["config", "show", "gen"])

@@ -350,6 +350,7 @@ def _write_gguf(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # processes killed mid-write
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
 def test_kill_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
     """An import killed mid-conversion leaves no model; SIGTERM cleans its staging folder
@@ -368,6 +369,7 @@ def test_kill_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int) 
     assert layout.installed_models() == ["mine"] and leftovers(models_dir()) == []
 
 
+@pytest.mark.slow  # processes killed mid-write
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
 def test_kill_train_heads(sig: int) -> None:
     """Heads killed while being written: none are half-installed, nothing is left behind."""
@@ -384,6 +386,7 @@ def test_kill_train_heads(sig: int) -> None:
     assert leftovers(heads_root()) == [] and (trained_heads_dir("tiny", "medusa") / "config.json").is_file()
 
 
+@pytest.mark.slow  # processes killed mid-write
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
 def test_kill_pull(fake_hub: FakeHub, sig: int) -> None:
     """A pull killed mid-file registers nothing; the next pull completes and checks out."""
@@ -446,6 +449,7 @@ CONCURRENT = ["usage-touch", "usage-touch-forget", "records-distinct", "records-
               "tuned-same-profile", "store-import", "heads-dir", "hf-ref"]  # fmt: skip
 
 
+@pytest.mark.slow  # processes killed mid-write
 @pytest.mark.parametrize("case", CONCURRENT)
 def test_concurrent(case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Two or more writers of one state file at once: every writer's part survives, and
@@ -487,7 +491,7 @@ def test_concurrent(case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
         def write(i: int) -> None:
             for n in range(5):
-                replace_dir(folder, lambda tmp: (tmp / "config.json").write_text(json.dumps({"writer": i, "n": n})))
+                replace_dir(folder, lambda tmp, n=n: (tmp / "config.json").write_text(json.dumps({"writer": i, "n": n})))
 
         _in_processes(write)
         assert json.loads((folder / "config.json").read_text())["n"] == 4
@@ -537,6 +541,7 @@ FS_PLACES = ["readonly-home", "full-home", "home-is-a-file", "readonly-hf-cache"
 FS_COMMANDS = ["import", "pull", "list", "gen-dir", "first-run-conversion", "tune-reset", "rm"]
 
 
+@pytest.mark.slow  # processes killed mid-write
 @pytest.mark.parametrize("command", FS_COMMANDS)
 @pytest.mark.parametrize("place", FS_PLACES)
 def test_fs(place: str, command: str, fake_hub: FakeHub, tmpfs: Callable[..., Path], tmp_path: Path,
@@ -919,6 +924,7 @@ def test_misc_truncated_store_model_is_not_listed_as_healthy(tmp_path: Path, mon
     assert "files missing" in listed.stdout
 
 
+@pytest.mark.slow  # processes killed mid-write
 @pytest.mark.parametrize("owner", ["dead-pid", "live-pid", "no-pid-old", "no-pid-fresh"])
 def test_misc_stale_staging_folders(owner: str) -> None:
     """Scratch folders of a killed pardec are removed; those of a running one are kept."""

@@ -157,6 +157,7 @@ def _exact_joint(model, steps: int) -> dict[tuple[int, ...], float]:
     return joint(model, steps)
 
 
+@pytest.mark.slow  # statistical
 @pytest.mark.parametrize("method,options", [("medusa", {"width": 3, "nodes": 6}), ("eagle", {"topk": 3, "nodes": 6})], ids=str)
 def test_sampling_keeps_the_target_distribution(tmp_path, method, options):
     model = peaked(tiny_llama(11, vocab=VOCAB, layers=2), scale=3.0)

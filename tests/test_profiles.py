@@ -144,6 +144,7 @@ def test_auto_with_knobs_is_a_usage_error() -> None:
     assert "with --method auto the knobs are chosen too" in result.stderr
 
 
+@pytest.mark.slow  # builds a wheel in a subprocess
 def test_a_wheel_ships_the_profiles_and_the_tuning_prompts(tmp_path: Path) -> None:
     """A non-editable install finds them: built from a copy of the sources, as pip would."""
     import shutil

@@ -67,16 +67,19 @@ P = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
 Q = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
 
 
+@pytest.mark.slow  # statistical
 def test_speculative_sampling_rule_outputs_the_target_distribution():
     counts = _draw_one_token(verify_sampling, P, Q, 20000)
     assert chi_square_p_value(counts, dict(enumerate(P.tolist()))) > 0.001
 
 
+@pytest.mark.slow  # statistical
 def test_the_statistical_test_catches_a_wrong_rule():
     counts = _draw_one_token(_wrong_rule, P, Q, 20000)
     assert chi_square_p_value(counts, dict(enumerate(P.tolist()))) < 1e-6
 
 
+@pytest.mark.slow  # statistical
 def test_a_deterministic_draft_is_handled_exactly():
     """q = point mass: accept with p(d); on rejection sample p with d removed."""
     generator = torch.Generator().manual_seed(1)
@@ -125,6 +128,7 @@ def models():
     return target, drafter, _exact_joint(target, 3)
 
 
+@pytest.mark.slow  # statistical
 @pytest.mark.parametrize("method,options", [
     ("draft", {"model": "drafter", "k": 2, "adaptive": False}),
     ("layerskip", {"layers": 1, "k": 2, "adaptive": False}),
@@ -139,6 +143,7 @@ def test_generations_follow_the_target_distribution(models, method, options):
     assert chi_square_p_value(counts, exact) > 0.001
 
 
+@pytest.mark.slow  # statistical
 def test_end_to_end_test_catches_a_wrong_rule(models, monkeypatch):
     from pardec_cli.engine import loop
 
@@ -148,6 +153,7 @@ def test_end_to_end_test_catches_a_wrong_rule(models, monkeypatch):
     assert chi_square_p_value(counts, exact) < 1e-4
 
 
+@pytest.mark.slow  # statistical
 def test_end_to_end_test_catches_a_wrong_tree_rule(models, monkeypatch):
     """Trying the next sibling against the unchanged p (no residual) skews a tree method's output."""
     from pardec_cli.engine import loop

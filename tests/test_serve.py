@@ -420,6 +420,7 @@ print(json.dumps([codes, sorted(m for m in heavy if m in sys.modules)]))
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_help_imports_no_server_library_nor_torch():
     done = subprocess.run([sys.executable, "-c", HELP_IMPORTS], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
@@ -434,6 +435,7 @@ def test_a_port_in_use_is_one_clear_error(served):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # a server process and a signal
 def test_sigterm_drains_a_running_reply_then_exits(tiny_cli_model, isolated_home):
     """The real command, in its own process, with its API key from the environment."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PARDEC_SERVE_API_KEY": "k3y"}
@@ -479,6 +481,7 @@ def readme_snippet() -> str:
     return block.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.real_model
 def test_the_readme_client_snippet_works_as_written(embedded_pardec_home, monkeypatch):
     """The README's snippet, unchanged, against `pardec serve` (the embedded model on port 8000)."""

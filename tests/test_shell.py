@@ -10,7 +10,6 @@ the CLI's error boundary (`tests.cli_helpers.invoke`).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -258,6 +257,7 @@ def full_text(tiny_cli_model):
     return gen_json(tiny_cli_model, "-n", "60", "--raw", "Once upon a time")["text"]
 
 
+@pytest.mark.slow  # a pardec process and signals
 @pytest.mark.parametrize("mode", [[], ["--no-stream"]])
 def test_ctrl_c_prints_the_text_so_far_and_exits_130(tiny_cli_model, ctrl_c_at, full_text, mode):
     ctrl_c_at(5)
@@ -269,6 +269,7 @@ def test_ctrl_c_prints_the_text_so_far_and_exits_130(tiny_cli_model, ctrl_c_at, 
     assert_plain(result)
 
 
+@pytest.mark.slow  # a pardec process and signals
 def test_ctrl_c_with_stats_reports_the_cancelled_generation(tiny_cli_model, ctrl_c_at):
     ctrl_c_at(3)
     result = gen(tiny_cli_model, "--stats", "-n", "60", "--raw", "Once upon a time")
@@ -277,6 +278,7 @@ def test_ctrl_c_with_stats_reports_the_cancelled_generation(tiny_cli_model, ctrl
     assert result.stderr.rstrip().endswith("pardec: interrupted")
 
 
+@pytest.mark.slow  # a pardec process and signals
 def test_ctrl_c_with_json_prints_a_whole_object_marked_cancelled(tiny_cli_model, ctrl_c_at, full_text):
     ctrl_c_at(5)
     result = gen(tiny_cli_model, "--json", "-n", "60", "--raw", "Once upon a time")
@@ -287,6 +289,7 @@ def test_ctrl_c_with_json_prints_a_whole_object_marked_cancelled(tiny_cli_model,
     assert full_text.startswith(record["text"])
 
 
+@pytest.mark.slow  # a pardec process and signals
 def test_ctrl_c_with_jsonl_ends_with_the_summary(tiny_cli_model, ctrl_c_at):
     ctrl_c_at(4)
     result = gen(tiny_cli_model, "--jsonl", "-n", "60", "--raw", "Once upon a time")
@@ -297,6 +300,7 @@ def test_ctrl_c_with_jsonl_ends_with_the_summary(tiny_cli_model, ctrl_c_at):
     assert "".join(s["text"] for s in steps) == summary["text"]
 
 
+@pytest.mark.slow  # a pardec process and signals
 def test_a_second_ctrl_c_interrupts_at_once_and_still_prints_the_record(tiny_cli_model, ctrl_c_at, full_text):
     ctrl_c_at(5, presses=2)
     result = gen(tiny_cli_model, "--json", "-n", "60", "--raw", "Once upon a time")
@@ -305,6 +309,7 @@ def test_a_second_ctrl_c_interrupts_at_once_and_still_prints_the_record(tiny_cli
     assert record["finish_reason"] == "cancelled" and full_text.startswith(record["text"])
 
 
+@pytest.mark.slow  # a pardec process and signals
 def test_ctrl_c_in_a_batch_writes_the_partial_result_and_stops(tiny_cli_model, ctrl_c_at):
     ctrl_c_at(2)
     result = gen(tiny_cli_model, "--each-line", "-n", "30", input="first\nsecond\nthird\n")
@@ -323,6 +328,7 @@ def pardec_process(*args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow  # a pardec process and signals
 @pytest.mark.parametrize("mode", [["--jsonl"], ["--stats"]])
 def test_ctrl_c_in_a_real_process(tiny_cli_model, mode):
     proc = pardec_process("gen", "-m", str(tiny_cli_model), "--dtype", "float32", "--raw", "-n", "1000", *mode, "Once")
@@ -346,6 +352,7 @@ def test_ctrl_c_in_a_real_process(tiny_cli_model, mode):
         assert "generated (cancelled)" in err
 
 
+@pytest.mark.slow  # a pardec process and signals
 def test_a_reader_that_leaves_early_causes_no_traceback_and_exit_0(tiny_cli_model):
     """`pardec gen ... | head -c 100`."""
     proc = pardec_process("gen", "-m", str(tiny_cli_model), "--dtype", "float32", "--raw", "-n", "1000", "Once")
@@ -375,6 +382,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.slow  # a pardec process and signals
 def test_help_imports_neither_torch_nor_transformers():
     done = subprocess.run([sys.executable, "-c", HELP_IMPORTS], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -172,6 +172,7 @@ def test_a_dropped_connection_resumes_the_file(fake_hub: FakeHub, monkeypatch: p
     assert (snapshot("test-org/tiny-target") / "model.safetensors").read_bytes() == served
 
 
+@pytest.mark.slow  # a pardec process and a signal
 def test_ctrl_c_leaves_no_half_file_and_the_next_pull_resumes(fake_hub: FakeHub, tmp_path: Path) -> None:
     fake_hub.stall["model.safetensors"] = 2000
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
@@ -531,6 +532,7 @@ def test_import_errors(tmp_path: Path) -> None:
     assert not models_dir().exists() or list(models_dir().iterdir()) == []
 
 
+@pytest.mark.slow  # a subprocess
 def test_listing_commands_do_not_import_torch() -> None:
     code = (
         "import sys\n"

@@ -14,7 +14,6 @@ The accuracy target is 95%; the shared sets are read by path and skipped when ab
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -101,9 +100,9 @@ def test_words_in_the_middle_of_a_long_document_do_not_count_as_a_request() -> N
     assert guess.profile == EXTRACTION
 
 
-def test_detection_is_deterministic_and_fast() -> None:
+def test_detection_is_deterministic() -> None:
+    # (Its cost, a few regular expressions over the text, is not timed here: wall-clock
+    # limits fail on a busy machine and prove nothing on a quiet one.)
     prompt = "Summarize: " + "The quick brown fox jumps over the lazy dog. " * 200
-    start = time.perf_counter()
     guesses = {detect_task(prompt) for _ in range(50)}
     assert len(guesses) == 1
-    assert (time.perf_counter() - start) / 50 < 0.01

@@ -251,6 +251,7 @@ def _rule_without_residual(draft, target_probs, generator):
         row, p = kept + 1, target_probs[kept + 1]
 
 
+@pytest.mark.slow  # statistical
 def test_tree_sampling_keeps_the_target_distribution():
     counts = _two_tokens(verify_sampling, TREE, 30000)
     assert chi_square_p_value(counts, EXACT) > 0.001
@@ -265,11 +266,13 @@ def test_tree_sampling_with_lazy_rows_is_the_same_rule():
         assert a == b
 
 
+@pytest.mark.slow  # statistical
 def test_the_tree_statistical_test_catches_a_wrong_rule():
     counts = _two_tokens(_rule_without_residual, TREE, 30000)
     assert chi_square_p_value(counts, EXACT) < 1e-6
 
 
+@pytest.mark.slow  # statistical
 def test_sampled_siblings_use_the_multi_candidate_residual():
     """Two siblings drawn i.i.d. from q (they may coincide): SpecInfer's rule stays exact."""
     q = torch.tensor([0.05, 0.05, 0.30, 0.30, 0.30])

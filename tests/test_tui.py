@@ -318,7 +318,7 @@ async def test_settings_panel_switches_method_knobs_and_sampling() -> None:
         temperature.value = "-1"
         await pilot.press("enter")
         assert app.settings.temperature == 0.5
-        assert "--temp must be >= 0" in str(panel.query_one("#settings-error").render())
+        assert "temperature must be >= 0" in str(panel.query_one("#settings-error").render())  # no CLI flag in the chat
 
 
 async def test_set_and_profile_commands_change_sampling() -> None:

@@ -33,6 +33,7 @@ def run_vllm(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=900, check=False)
 
 
+@pytest.mark.slow  # a vLLM process
 @pytest.mark.timeout(1200)
 def test_greedy_prompt_lookup_on_vllm_gives_pardecs_text(embedded_model_dir):
     common = ["-m", str(embedded_model_dir), "--method", "pld", "--dtype", "float32", "-n", "32", "--json", PROMPT]

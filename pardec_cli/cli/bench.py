@@ -154,7 +154,10 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
             session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True,
                                    compile=compile, notice=compile_notice, weights=weights)
         baselines = make_baselines(baseline_names, session, choices)
-        with Bench(session, choices, max_new_tokens=max_tokens, baselines=baselines, profile=profile) as runner, display:
+        # The drafters benchmarked (draft[model=...]) are offered to auto, as gen's --draft-model is.
+        drafters = [c.options["model"] for c in choices if c.name == "draft" and c.options.get("model")]
+        with Bench(session, choices, max_new_tokens=max_tokens, baselines=baselines, profile=profile,
+                   drafters=drafters) as runner, display:
             labels, per_method = list(runner.labels), len(runner.labels)
             step = "compiled" if session.compiled else "eager"
             model_name, where = session.model_name, f"{session.dtype} ({session.weights} weights) on {session.device} ({step} step)"

@@ -34,14 +34,14 @@ def path(as_json: bool) -> None:
     """Print where pardec's configuration and data live."""
     from pardec_cli.config import config_path
     from pardec_cli.home import config_dir, models_dir, pardec_home
+    from pardec_cli.store.hub import cache_root
 
-    hf_home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
     paths = {
         "config_file": str(config_path()),
         "config_dir": str(config_dir()),
         "home": str(pardec_home()),
         "models": str(models_dir()),
-        "hf_cache": os.environ.get("HF_HUB_CACHE") or os.path.join(hf_home, "hub"),
+        "hf_cache": str(cache_root()),  # the cache pardec reads and pulls into, computed one way
     }
     if as_json:
         click.echo(json.dumps(paths, indent=2))

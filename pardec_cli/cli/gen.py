@@ -18,7 +18,6 @@ Ctrl-C stops the generation after the current step, prints what was generated so
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass

@@ -120,6 +120,24 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(run(argv))
 
 
+# The command-line flag of each sampling setting (for errors raised below the CLI).
+SAMPLING_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p"}
+
+
+def cli_words(exc: Any) -> tuple[str, str | None]:
+    """The message and hint the command line prints for a `PardecError`.
+
+    The engine raises typed errors that carry facts, never flag names; here they are
+    worded in the command line's terms (its flags)."""
+    from pardec_cli.errors import CacheRollbackError, InvalidSamplingError
+
+    if isinstance(exc, InvalidSamplingError):
+        return f"{SAMPLING_FLAGS.get(exc.setting, exc.setting)} must be {exc.rule}, got {exc.value}", exc.hint
+    if isinstance(exc, CacheRollbackError) and exc.hint is None:
+        return exc.message, "use --method vanilla with this model"
+    return exc.message, exc.hint
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code instead of raising SystemExit."""
     from pardec_cli.errors import PardecError
@@ -152,9 +170,10 @@ def run(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except PardecError as exc:
-        _say(f"pardec: error: {exc.message}")
-        if exc.hint:
-            _say(f"pardec: hint: {exc.hint}")
+        message, hint = cli_words(exc)
+        _say(f"pardec: error: {message}")
+        if hint:
+            _say(f"pardec: hint: {hint}")
         return exc.exit_code
     except KeyboardInterrupt:
         _say("\npardec: interrupted")
@@ -172,7 +191,7 @@ def run(argv: list[str] | None = None) -> int:
         if error.hint:
             _say(f"pardec: hint: {error.hint}")
         return error.exit_code
-    except SystemExit as exc:
+    except SystemExit:
         # Click turns a closed pipe (EPIPE) into sys.exit(1) after wrapping the streams;
         # the reader leaving early (`pardec list | head -1`) is not a failure.
         if type(sys.stdout).__name__ == "_PacifyFlushWrapper":

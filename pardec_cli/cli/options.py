@@ -9,11 +9,9 @@ import click
 
 from pardec_cli.cli.completion import complete_model
 from pardec_cli.methods.registry import method_names
+from pardec_cli.planning import AUTO
 
 F = Callable[..., Any]
-
-
-AUTO = "auto"
 
 
 class MethodName(click.ParamType):

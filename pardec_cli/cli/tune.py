@@ -156,8 +156,8 @@ def reset_results(model: str | None) -> None:
 def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, profile: str, budget: float,
              prompts_file: Path | None, methods_text: str, max_tokens: int, weights: str = "auto",
              compile: str = "auto") -> None:
-    from pardec_cli.planning import load_profiles_checked
     from pardec_cli.errors import PardecUsageError
+    from pardec_cli.planning import AUTO, load_profiles_checked
     from pardec_cli.methods.registry import get_spec
     from pardec_cli.selection.profiles import load_profiles
     from pardec_cli.session import Session
@@ -165,7 +165,7 @@ def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, p
 
     methods = [m.strip() for m in methods_text.split(",") if m.strip()]
     for name in methods:
-        if name == "auto":
+        if name == AUTO:
             raise PardecUsageError("--methods takes method names; auto is what tune informs")
         get_spec(name)  # unknown names fail before the model loads
     if profile != "all":
@@ -191,13 +191,20 @@ def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, p
     ProgressView.clear()
     for line in describe_results(results, applies=True):
         click.echo(line)
-    from pardec_cli.selection.selector import AutoSelector
+    # What gen would now decode each profile with: planned as gen plans a reply, by a
+    # selector that reads the results just saved.
+    from pardec_cli.engine.sampling_params import SamplingParams
+    from pardec_cli.planning import ALL_SETTINGS, AUTO, Settings, plan_reply
 
-    selector = AutoSelector.for_session(session)
+    selector = session.auto_selector(refresh=True)
+    settings = Settings(max_tokens=max_tokens, sampling=SamplingParams(), stop=(), system=None, raw=False)
+    known = load_profiles()
     click.echo("auto now picks:")
     for name in profiles:
-        choice = selector.choose(None, name)
-        click.echo(f"  {name:<10} {choice.label} ({choice.estimate.speedup:.2f}x, {choice.estimate.basis})")
+        plan = plan_reply("", method=AUTO, options={}, profile=name, settings=settings, user_set=ALL_SETTINGS,
+                          profiles=known, selector=selector)
+        estimate = plan.choice.estimate
+        click.echo(f"  {name:<10} {plan.label} ({estimate.speedup:.2f}x, {estimate.basis})")
 
 
 class ProgressView:

@@ -34,16 +34,13 @@ def check_rollback_supported(cache: Any) -> None:
     Sliding-window and recurrent layers cannot be cropped back exactly; running a
     speculative method on them would silently corrupt the output.
     """
+    name = type(cache).__name__
     if not hasattr(cache, "crop"):
-        raise CacheRollbackError(
-            f"the model's KV cache ({type(cache).__name__}) cannot be rolled back",
-            hint="use --method vanilla with this model",
-        )
+        raise CacheRollbackError(f"the model's KV cache ({name}) cannot be rolled back", cache_type=name)
     if getattr(cache, "is_croppable", True) is False:
         raise CacheRollbackError(
-            f"the model's KV cache ({type(cache).__name__}) has layers that cannot be rolled back "
-            "exactly (sliding-window or recurrent)",
-            hint="use --method vanilla with this model",
+            f"the model's KV cache ({name}) has layers that cannot be rolled back exactly (sliding-window or recurrent)",
+            cache_type=name,
         )
 
 
@@ -71,11 +68,13 @@ def keep_path(cache: Any, start: int, path: Sequence[int]) -> None:
         if layers is None:
             raise CacheRollbackError(
                 f"the model's KV cache ({type(cache).__name__}) cannot keep a tree path",
+                cache_type=type(cache).__name__,
                 hint="use a method that drafts chains (pld, draft, layerskip) with this model",
             )
         device = None
         for layer in layers:
-            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            keys: Any = getattr(layer, "keys", None)
+            values: Any = getattr(layer, "values", None)
             if keys is None or keys.dim() != 4 or keys.shape[-2] == 0:
                 continue  # a layer that holds nothing (skipped, or shared with another)
             if device != keys.device:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pardec_cli.errors import PardecUsageError
+from pardec_cli.errors import InvalidSamplingError
 
 
 @dataclass(frozen=True)
@@ -19,12 +19,13 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        # Typed errors with the setting's name: each front end words them (the CLI names its flags).
         if self.temperature < 0:
-            raise PardecUsageError(f"--temp must be >= 0, got {self.temperature}")
+            raise InvalidSamplingError("temperature", ">= 0", self.temperature)
         if self.top_k < 0:
-            raise PardecUsageError(f"--top-k must be >= 0, got {self.top_k}")
+            raise InvalidSamplingError("top_k", ">= 0", self.top_k)
         if not 0.0 < self.top_p <= 1.0:
-            raise PardecUsageError(f"--top-p must be in (0, 1], got {self.top_p}")
+            raise InvalidSamplingError("top_p", "in (0, 1]", self.top_p)
 
     @property
     def greedy(self) -> bool:

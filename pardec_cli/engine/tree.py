@@ -46,7 +46,7 @@ def depths(parents: Sequence[int]) -> list[int]:
 def ancestor_matrix(parents: Sequence[int]) -> np.ndarray:
     """[n+1, n+1] bool: entry (r, c) is True when input c is input r or one of its ancestors."""
     n = len(parents)
-    seen = np.zeros((n + 1, n + 1), dtype=bool)
+    seen: np.ndarray = np.zeros((n + 1, n + 1), dtype=bool)
     seen[0, 0] = True
     for i, parent in enumerate(parents):
         row = seen[i + 1]

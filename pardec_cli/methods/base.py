@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +15,11 @@ class MethodEnv:
     """The target and its tokenizer, plus ways to find what some methods need.
 
     `load_model(spec)` returns (LanguageModel, tokenizer) on the target's device and
-    dtype; `find_heads(kind)` the directory of the installed Medusa/EAGLE heads of that
-    kind for the target, or None. Both are injected by the session layer so methods
-    never touch the store. `model_name` names the target in messages.
+    dtype, and fails when that model does not share the target's tokenizer; `find_heads(kind)` the directory of the installed Medusa/EAGLE heads of that
+    kind for the target, or None; `heads_notes(folder)` what pardec noted about heads it
+    trained in `folder` (their own draft vocabulary; empty for published heads). All
+    three are injected by the session layer so methods never touch the store.
+    `model_name` names the target in messages.
     """
 
     target: LanguageModel
@@ -25,6 +27,7 @@ class MethodEnv:
     load_model: Callable[[str], tuple[LanguageModel, Any]] | None = None
     find_heads: Callable[[str], Path | None] | None = None
     model_name: str = "the model"
+    heads_notes: Callable[[Path], Mapping[str, Any]] | None = None
 
 
 class AdaptiveLength:

@@ -14,7 +14,6 @@ from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods.base import AdaptiveLength, MethodEnv
 from pardec_cli.methods.drafter import ModelDrafter
-from pardec_cli.store.tokenizer_compat import tokenizer_mismatch
 
 
 class DraftModel:
@@ -33,13 +32,7 @@ class DraftModel:
             )
         if env.load_model is None:
             raise PardecUsageError("method 'draft' cannot load a draft model in this context")
-        drafter, drafter_tokenizer = env.load_model(model)
-        problem = tokenizer_mismatch(env.tokenizer, drafter_tokenizer)
-        if problem:
-            raise PardecUsageError(
-                f"draft model {model!r} does not share the target's tokenizer: {problem}",
-                hint="choose a drafter from the same model family",
-            )
+        drafter, _ = env.load_model(model)  # the loader checked that it shares the target's tokenizer
         self.model_name = model
         self.length = AdaptiveLength(k, min_k, max_k, adaptive)
         self.drafter = ModelDrafter(drafter, env.target.vocab_size)

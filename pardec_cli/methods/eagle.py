@@ -30,8 +30,7 @@ from pardec_cli.errors import PardecUsageError
 from pardec_cli.heads.eagle import DraftCache, EagleDrafter, eagle3_feature_layers, load_eagle
 from pardec_cli.heads.vocab import DraftVocab
 from pardec_cli.methods.base import MethodEnv
-from pardec_cli.methods.heads_support import draft_vocabulary, locate_heads, with_prompt_tokens
-from pardec_cli.store.heads import read_marker
+from pardec_cli.methods.heads_support import draft_vocabulary, heads_notes, locate_heads, with_prompt_tokens
 
 
 class Eagle:
@@ -49,7 +48,7 @@ class Eagle:
             raise PardecUsageError(f"{self.name} needs topk, depth and nodes >= 1, got {topk}, {depth}, {nodes}")
         folder = locate_heads(env, self.kind, heads)
         # EAGLE-3 heads bring their own draft vocabulary (d2t); EAGLE-1 heads score with the target's LM head.
-        vocab = draft_vocabulary(read_marker(folder), draft_vocab) if self.version == 1 else None
+        vocab = draft_vocabulary(heads_notes(env, folder), draft_vocab) if self.version == 1 else None
         drafter = load_eagle(folder, env.target, env.model_name, draft_vocab=vocab)
         if drafter.config.version != self.version:
             other = "eagle3" if drafter.config.version == 3 else "eagle"

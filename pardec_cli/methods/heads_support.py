@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,12 @@ def locate_heads(env: MethodEnv, kind: str, explicit: str) -> Path:
     return found
 
 
-def draft_vocabulary(marker: dict[str, Any], size: int) -> list[int] | None:
+def heads_notes(env: MethodEnv, folder: Path) -> Mapping[str, Any]:
+    """pardec's notes on the heads in `folder` (`MethodEnv.heads_notes`; empty when none)."""
+    return env.heads_notes(folder) if env.heads_notes is not None else {}
+
+
+def draft_vocabulary(marker: Mapping[str, Any], size: int) -> list[int] | None:
     """The target ids to draft from: `size` -1 takes the heads' own draft vocabulary (pardec-trained
     heads ship the tokens of their corpus, most frequent first), 0 the whole vocabulary, N > 0
     the N most frequent of the heads' own. Each generation adds its prompt's tokens

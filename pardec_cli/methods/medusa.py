@@ -21,9 +21,8 @@ from pardec_cli.engine.tree import ROOT, TreeBuilder
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.heads.medusa import load_medusa
 from pardec_cli.methods.base import MethodEnv
-from pardec_cli.methods.heads_support import draft_vocabulary, locate_heads, with_prompt_tokens
+from pardec_cli.methods.heads_support import draft_vocabulary, heads_notes, locate_heads, with_prompt_tokens
 from pardec_cli.methods.recycling import tree_template
-from pardec_cli.store.heads import read_marker
 
 # Medusa's default tree for Vicuna-7B (FasterDecoding/Medusa, medusa_choices.py): each
 # entry is a path of per-head ranks, most often accepted first.
@@ -72,7 +71,7 @@ class Medusa:
         if nodes < 1 or width < 1 or depth < 0:
             raise PardecUsageError(f"medusa needs nodes and width >= 1 and depth >= 0, got {nodes}, {width}, {depth}")
         folder = locate_heads(env, "medusa", heads)
-        vocab = draft_vocabulary(read_marker(folder), draft_vocab)
+        vocab = draft_vocabulary(heads_notes(env, folder), draft_vocab)
         self.heads = load_medusa(folder, env.target, env.model_name, draft_vocab=vocab)
         self.vocab_ids, self.vocab_size = vocab, env.target.vocab_size
         self.folder = folder

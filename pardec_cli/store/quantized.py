@@ -185,7 +185,6 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
     (requantized per channel by `quantize_linears`) or "int4" (Q4 codes packed straight
     into `Int4Linear`, without a round trip through float weights).
     """
-    import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 

@@ -34,7 +34,7 @@ from textual.message import Message as TextualMessage
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from pardec_cli.errors import ContextOverflowError, PardecError, PardecUsageError
+from pardec_cli.errors import CacheRollbackError, ContextOverflowError, PardecError, PardecUsageError
 from pardec_cli.tui.commands import SlashCommand, parse_input
 from pardec_cli.tui.conversation import (
     Conversation,
@@ -121,6 +121,9 @@ def _live(stats: Any) -> LiveStats:
 
 
 def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, CacheRollbackError) and exc.hint is None:
+        # The engine names no remedy in a front end's terms: the chat's is a command.
+        return exc.message + "\nhint: decode without drafting: /method vanilla"
     if isinstance(exc, PardecError):
         return exc.message + (f"\nhint: {exc.hint}" if exc.hint else "")
     return f"unexpected error: {type(exc).__name__}: {exc}"

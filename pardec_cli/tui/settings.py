@@ -17,8 +17,7 @@ from typing import Any
 
 from pardec_cli.engine.sampling_params import SamplingParams
 from pardec_cli.errors import PardecUsageError
-
-AUTO = "auto"  # as a method: chosen per reply; as a profile: detected from the message
+from pardec_cli.planning import AUTO  # as a method: chosen per reply; as a profile: detected from the message
 
 
 def profile_choices() -> list[str]:

@@ -7,7 +7,6 @@ not benchmark data: tuning on the benchmark would make the benchmark say nothing
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path

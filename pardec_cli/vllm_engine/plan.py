@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pardec_cli.errors import PardecError, PardecUsageError
+from pardec_cli.planning import AUTO
 from pardec_cli.vllm_engine.launch import Parallel, engine_args, parallel_sizes
 from pardec_cli.vllm_engine.translate import (
     TABLE, Translation, VllmMethod, missing_requirement, runs_on_vllm, translate,
 )
 
-AUTO = "auto"
 INSTALL = "pip install 'pardec[vllm]'"
 
 

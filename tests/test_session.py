@@ -1,0 +1,45 @@
+"""The Session is where decoding meets the store: it hands each method what it needs
+(a drafter loader that checks the tokenizer, where heads are and pardec's notes on
+them), so methods and the engine never import the store themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pardec_cli.errors import PardecUsageError
+from tests.tiny_models import WORDS, peaked, save_word_level_model, tiny_llama, word_level_tokenizer
+
+
+@pytest.fixture
+def session():
+    from pardec_cli.session import Session
+
+    return Session(peaked(tiny_llama(vocab=len(WORDS) + 3, layers=2)), word_level_tokenizer(), model_name="tiny")
+
+
+def test_a_drafter_with_the_same_tokenizer_drafts(session, tmp_path: Path) -> None:
+    drafter = save_word_level_model(tmp_path / "drafter", seed=1, layers=1)
+    session.set_method("draft", {"model": str(drafter)})
+    assert session.generate(session.encode("w5 w6 w7"), max_new_tokens=6).stats.generated_tokens == 6
+
+
+def test_a_drafter_with_another_tokenizer_is_refused_when_loaded(session, tmp_path: Path) -> None:
+    drafter = save_word_level_model(tmp_path / "drafter", seed=1, layers=1)
+    config = drafter / "tokenizer.json"
+    config.write_text(config.read_text().replace('"w3": 3', '"w3": 4').replace('"w4": 4', '"w4": 3'))
+    with pytest.raises(PardecUsageError, match="does not share the target's tokenizer") as info:
+        session.set_method("draft", {"model": str(drafter)})
+    assert info.value.hint == "choose a drafter from the same model family"
+
+
+def test_methods_get_the_stores_notes_on_heads_through_their_env(session, monkeypatch, tmp_path: Path) -> None:
+    from pardec_cli.methods import registry
+    from pardec_cli.store.heads import MARKER_NAME
+
+    (tmp_path / MARKER_NAME).write_text('{"draft_vocab": [5, 6, 7]}')
+    seen = {}
+    monkeypatch.setattr(registry, "create", lambda name, options, env: seen.setdefault("env", env))
+    session.build_proposer("vanilla")
+    assert seen["env"].heads_notes(tmp_path) == {"draft_vocab": [5, 6, 7]}
