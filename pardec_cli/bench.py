@@ -34,6 +34,9 @@ BASELINES = {
     "llamacpp": "llama.cpp greedy on the model's GGUF file, in a worker process (pip install 'pardec[peers]')",
 }
 OVERALL = "overall"
+# What `pardec bench` runs without --prompts: pardec's own prompts, 4 per task profile
+# (categories code, chat, extraction), written for pardec and shipped in the package.
+BUILTIN_PROMPTS = "built-in"
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,26 @@ class Run:
     chosen: str | None = None  # for `auto`: the method and knobs it chose for this prompt
 
 
-def load_prompts(path: Path) -> list[BenchPrompt]:
-    """Read a Spec-Bench-format JSONL file ({"question_id", "category", "turns"}) or HumanEval ({"task_id", "prompt"})."""
+def builtin_prompts_text() -> str:
+    """The JSONL text of the prompt set shipped with pardec (`BUILTIN_PROMPTS`)."""
+    from importlib import resources
+
+    return resources.files("pardec_cli").joinpath("data/bench_prompts.jsonl").read_text("utf-8")
+
+
+def load_prompts(path: Path | None) -> list[BenchPrompt]:
+    """Read a Spec-Bench-format JSONL file ({"question_id", "category", "turns"}) or
+    HumanEval ({"task_id", "prompt"}); None reads the built-in set."""
+    if path is None:
+        return _parse_prompts(builtin_prompts_text(), "built-in bench_prompts.jsonl")
     if not path.is_file():
         raise PardecUsageError(f"prompt file not found: {path}")
+    return _parse_prompts(path.read_bytes().decode("utf-8", "replace"), str(path))
+
+
+def _parse_prompts(text: str, path: str) -> list[BenchPrompt]:
     prompts: list[BenchPrompt] = []
-    for number, line in enumerate(path.read_bytes().decode("utf-8", "replace").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -335,20 +352,29 @@ class Bench:
         self.labels += list(self._baseline_of)
         self.runs: list[Run] = []
 
-    def run(self, prompts: Sequence[BenchPrompt], progress: Callable[[int, int, BenchPrompt], None] | None = None) -> list[Run]:
-        """Warm up, then run every method on every prompt, interleaved."""
+    def run(self, prompts: Sequence[BenchPrompt], progress: Callable[[int, int, BenchPrompt], None] | None = None,
+            starting: Callable[[str, BenchPrompt, bool], None] | None = None) -> list[Run]:
+        """Warm up, then run every method on every prompt, interleaved.
+
+        `progress(done, total, prompt)` hears each finished timed run; `starting(label,
+        prompt, warm_up)` each run about to start, warm-up runs included.
+        """
         encoded = [(p, self.session.encode(p.text)) for p in prompts]
         self.session.target.warm()  # compile the steps first (compiled runner): never inside a timed run
         for baseline in self.baselines:
             baseline.start([ids for _, ids in encoded], self.max_new_tokens)
         if encoded:
             for label in self.labels:  # warm-up: allocator, kernels, caches
+                if starting:
+                    starting(label, encoded[0][0], True)
                 self._run_one(label, encoded[0][0], encoded[0][1], max_new_tokens=8)
         total = len(encoded) * len(self.labels)
         done = 0
         for index, (prompt, ids) in enumerate(encoded):
             shift = index % len(self.labels)
             for label in self.labels[shift:] + self.labels[:shift]:
+                if starting:
+                    starting(label, prompt, False)
                 self.runs.append(self._run_one(label, prompt, ids, self.max_new_tokens))
                 done += 1
                 if progress:
@@ -416,6 +442,36 @@ class Summary:
     acceptance_rate: float
     match_rate: float | None
     speedup_vs_llamacpp: float | None = None
+    # Per-prompt spread next to each figure: "tokens_per_s", "vs_vanilla", "vs_hf",
+    # "vs_llamacpp" -> {"median", "p10", "p90"} (`spread`), over the prompts of the group.
+    spread: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+SPREAD_NOTE = ("spread: median and 10th-90th percentile over prompts of the per-prompt value "
+               "(tokens/s, or the ratio to the reference on the same prompt)")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The `q`-th percentile (0-100) with linear interpolation between order statistics
+    (numpy's default); `values` must not be empty."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def spread(values: Sequence[float]) -> dict[str, float] | None:
+    """{"median", "p10", "p90"} of per-prompt values, or None for none."""
+    if not values:
+        return None
+    return {"median": round(percentile(values, 50), 3), "p10": round(percentile(values, 10), 3),
+            "p90": round(percentile(values, 90), 3)}  # fmt: skip
+
+
+def _per_prompt_rates(runs: Sequence[Run]) -> dict[str, float]:
+    """prompt id -> tokens/s of one method's runs (the last run of a prompt wins)."""
+    return {r.prompt_id: r.new_tokens / r.seconds for r in runs if r.seconds > 0}
 
 
 def summarize(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str, Summary]]:
@@ -446,6 +502,7 @@ def summarize(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str,
                 acceptance_rate=round(sum(r.accepted for r in mine) / drafted, 4) if drafted else 0.0,
                 match_rate=round(sum(matched) / len(matched), 4) if matched else None,
             )
+        per_prompt = {label: _per_prompt_rates([r for r in group_runs if r.label == label]) for label in cells}
         for label, cell in cells.items():
             if rates.get("vanilla"):
                 cell.speedup_vs_vanilla = round(rates[label] / rates["vanilla"], 3)
@@ -453,18 +510,38 @@ def summarize(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str,
                 cell.speedup_vs_hf = round(rates[label] / rates[HF_GREEDY], 3)
             if rates.get(LLAMA_CPP):
                 cell.speedup_vs_llamacpp = round(rates[label] / rates[LLAMA_CPP], 3)
+            own = per_prompt[label]
+            spreads = {"tokens_per_s": spread(list(own.values()))}
+            for key, versus in (("vs_vanilla", "vanilla"), ("vs_hf", HF_GREEDY), ("vs_llamacpp", LLAMA_CPP)):
+                theirs = per_prompt.get(versus, {})
+                spreads[key] = spread([own[p] / theirs[p] for p in own if theirs.get(p)])
+            cell.spread = {key: value for key, value in spreads.items() if value is not None}
         table[group] = cells
     return table
 
 
+def _with_spread(value: str, cell_spread: dict[str, float] | None, width: int) -> str:
+    """"1.42x (1.40, 1.10-1.83)": the figure, then the per-prompt median and p10-p90."""
+    if cell_spread is None or value == "-":
+        return f"{value:>{width}}"
+    return f"{value} ({cell_spread['median']:.2f}, {cell_spread['p10']:.2f}-{cell_spread['p90']:.2f})".rjust(width)
+
+
 def format_tables(table: dict[str, dict[str, Summary]]) -> str:
-    """Plain-text tables, one per category, overall last (a 'vs llama.cpp' column when it ran)."""
+    """Plain-text tables, one per category, overall last (a 'vs llama.cpp' column when it ran).
+
+    Each ratio is the group's total tokens/s over the reference's, followed by the
+    per-prompt spread in parentheses: median, and 10th-90th percentile (`SPREAD_NOTE`).
+    """
     lines: list[str] = []
     groups = sorted(g for g in table if g != OVERALL) + [OVERALL]
     width = max([24, *(len(label) for cells in table.values() for label in cells)])
     with_llamacpp = any(c.speedup_vs_llamacpp is not None for cells in table.values() for c in cells.values())
-    header = f"{'method':<{width}} {'tok/s':>7} {'vs vanilla':>10} {'vs HF':>7} "
-    header += f"{'vs llama.cpp':>12} " if with_llamacpp else ""
+    with_hf = any(c.speedup_vs_hf is not None for cells in table.values() for c in cells.values())
+    ratio_width = 24
+    header = f"{'method':<{width}} {'tok/s':>7} {'vs vanilla (med, p10-p90)':>{ratio_width + 1}} "
+    header += f"{'vs HF (med, p10-p90)':>{ratio_width}} " if with_hf else ""
+    header += f"{'vs llama.cpp (med, p10-p90)':>{ratio_width + 3}} " if with_llamacpp else ""
     header += f"{'tok/step':>8} {'accept':>7} {'match':>6}"
     for group in groups:
         cells = table.get(group)
@@ -478,12 +555,17 @@ def format_tables(table: dict[str, dict[str, Summary]]) -> str:
                 return f"{x:.2f}x" if x is not None else "-"
             match = f"{c.match_rate:.0%}" if c.match_rate is not None else "-"
             per_step = f"{c.mean_tokens_per_step:.2f}" if c.mean_tokens_per_step is not None else "-"
-            versus_llamacpp = f"{ratio(c.speedup_vs_llamacpp):>12} " if with_llamacpp else ""
+            s = c.spread
+            versus_hf = _with_spread(ratio(c.speedup_vs_hf), s.get("vs_hf"), ratio_width) + " " if with_hf else ""
+            versus_llamacpp = (_with_spread(ratio(c.speedup_vs_llamacpp), s.get("vs_llamacpp"), ratio_width + 3) + " "
+                               if with_llamacpp else "")  # fmt: skip
             lines.append(
-                f"{label:<{width}} {c.tokens_per_s:>7.2f} {ratio(c.speedup_vs_vanilla):>10} {ratio(c.speedup_vs_hf):>7} "
-                f"{versus_llamacpp}{per_step:>8} {c.acceptance_rate:>7.0%} {match:>6}"
+                f"{label:<{width}} {c.tokens_per_s:>7.2f} "
+                f"{_with_spread(ratio(c.speedup_vs_vanilla), s.get('vs_vanilla'), ratio_width + 1)} "
+                f"{versus_hf}{versus_llamacpp}{per_step:>8} {c.acceptance_rate:>7.0%} {match:>6}"
             )
         lines.append("")
+    lines.append(SPREAD_NOTE)
     return "\n".join(lines)
 
 

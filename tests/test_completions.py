@@ -172,3 +172,51 @@ def test_profile_names_complete_with_the_users_own():
     user_profiles_dir().mkdir(parents=True)
     (user_profiles_dir() / "math.toml").write_text("")
     assert values(complete("pardec bench --profile m")) == ["math"]
+
+
+# -- --install --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("shell", "where"), [
+    ("bash", ".local/share/bash-completion/completions/pardec"),
+    ("zsh", ".zfunc/_pardec"),
+    ("fish", ".config/fish/completions/pardec.fish"),
+])
+def test_install_writes_the_script_where_the_shell_looks_and_is_idempotent(shell, where, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    first = invoke(["completion", "--install", shell])
+    assert first.exit_code == 0, first.stderr
+    target = tmp_path / where
+    assert target.read_text(encoding="utf-8") == completion_script(shell)
+    assert f"{shell} completion installed: {target}" in first.stdout
+    again = invoke(["completion", "--install", shell])
+    assert again.exit_code == 0 and f"{shell} completion already up to date: {target}" in again.stdout
+    target.write_text("# an old script\n", encoding="utf-8")
+    assert "updated" in invoke(["completion", "--install", shell]).stdout
+    assert target.read_text(encoding="utf-8") == completion_script(shell)
+
+
+def test_install_follows_xdg_folders_and_the_shell_in_SHELL(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.setenv("SHELL", "/usr/bin/fish")
+    result = invoke(["completion", "--install"])
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "cfg" / "fish" / "completions" / "pardec.fish").is_file()
+
+
+def test_zsh_install_says_how_to_put_the_folder_on_fpath(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert "fpath=(~/.zfunc $fpath)" in invoke(["completion", "--install", "zsh"]).stdout
+    (tmp_path / ".zshrc").write_text("fpath=(~/.zfunc $fpath)\nautoload -Uz compinit; compinit\n")
+    assert "fpath" not in invoke(["completion", "--install", "zsh"]).stdout
+
+
+def test_install_without_a_known_shell_asks_for_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SHELL", "/bin/tcsh")
+    result = invoke(["completion", "--install"])
+    assert result.exit_code == 2 and "pardec completion --install bash" in result.stderr
+    assert invoke(["completion"]).exit_code == 2

@@ -32,12 +32,12 @@ def test_built_in_defaults_without_a_config_file():
 def test_config_file_sets_defaults_for_one_command_and_for_all():
     write_config('dtype = "bfloat16"\n[gen]\nmax-tokens = 64\nmethod = "vanilla"\nstop = ["END"]\n')
     s = settings("gen")
-    assert s["--max-tokens"] == (64, "default_map")
-    assert s["--method"] == ("vanilla", "default_map")
-    assert s["--stop"] == (["END"], "default_map")
-    assert s["--dtype"] == ("bfloat16", "default_map")
+    assert s["--max-tokens"] == (64, "config_file")
+    assert s["--method"] == ("vanilla", "config_file")
+    assert s["--stop"] == (["END"], "config_file")
+    assert s["--dtype"] == ("bfloat16", "config_file")
     bench = settings("bench")
-    assert bench["--dtype"] == ("bfloat16", "default_map")  # top-level key
+    assert bench["--dtype"] == ("bfloat16", "config_file")  # top-level key
     assert bench["--max-tokens"] == (128, "default")  # the [gen] table is gen's only
 
 
@@ -102,7 +102,46 @@ def test_config_path_names_the_hf_cache_pardec_uses(tmp_path, monkeypatch, varia
     assert paths["hf_cache"] == expected.format(tmp=tmp_path) == str(hub_cache_dir())
 
 
-def test_misspelled_keys_are_pointed_out():
-    write_config("[gen]\nmax_tokenz = 5\n")
+def test_misspelled_keys_are_pointed_out_with_the_closest_names():
+    write_config("[gen]\nmax_tokenz = 5\ntmp = 0.3\n")
     result = invoke(["config", "show", "gen"])
-    assert "'max_tokenz' in the config file is not an option of 'gen'" in result.stderr
+    assert "'max_tokenz' is not an option of `pardec gen`; did you mean 'max_tokens'?" in result.stderr
+    assert "'tmp' is not an option of `pardec gen`; did you mean 'temp'" in result.stderr
+    assert json.loads(invoke(["config", "show", "gen", "--json"]).stdout)["unknown_keys"] == ["max_tokenz", "tmp"]
+
+
+def test_config_keys_and_variables_are_named_after_the_flags():
+    write_config("temp = 0.5\n[gen]\ntop-p = 0.9\n")
+    s = settings("gen")
+    assert s["--temp"] == (0.5, "config_file") and s["--top-p"] == (0.9, "config_file")
+    assert settings("gen", env={"PARDEC_GEN_TEMP": "0.25"})["--temp"] == (0.25, "environment")
+    rows = {r["option"]: r for r in json.loads(invoke(["config", "show", "gen", "--json"]).stdout)["options"]}
+    assert rows["--temp"]["key"] == "temp" and rows["--temp"]["env"] == "PARDEC_GEN_TEMP"
+    assert rows["--max-tokens"]["key"] == "max_tokens" and rows["--max-tokens"]["env"] == "PARDEC_GEN_MAX_TOKENS"
+
+
+def test_the_old_names_still_work_with_a_one_line_hint():
+    write_config("[gen]\ntemperature = 0.5\n")
+    result = invoke(["config", "show", "gen", "--json"])
+    assert {r["option"]: r["value"] for r in json.loads(result.stdout)["options"]}["--temp"] == 0.5
+    assert result.stderr.count("'temperature' is the old name of 'temp'") == 1
+    write_config("")
+    result = invoke(["config", "show", "gen", "--json"], env={"PARDEC_GEN_TEMPERATURE": "0.7"})
+    assert {r["option"]: r["value"] for r in json.loads(result.stdout)["options"]}["--temp"] == 0.7
+    assert "PARDEC_GEN_TEMPERATURE is the old name of PARDEC_GEN_TEMP" in result.stderr
+
+
+def test_a_bad_value_under_a_flag_named_key_names_the_config_file():
+    write_config("[gen]\ntemp = nan\n")
+    bad = invoke(["gen", "hi"])
+    assert bad.exit_code == 2 and "config.toml" in bad.stderr
+
+
+def test_config_show_reads_like_the_rest_of_the_cli():
+    write_config("[gen]\nmax_tokens = 64\n")
+    out = invoke(["config", "show", "gen"]).stdout
+    assert "default_map" not in out and "None" not in out and "'auto'" not in out
+    line = next(line for line in out.splitlines() if line.startswith("--max-tokens"))
+    assert line.split()[:3] == ["--max-tokens", "64", "config"] and "PARDEC_GEN_MAX_TOKENS" in line
+    model = next(line for line in out.splitlines() if line.startswith("--model "))
+    assert model.split()[1] == "-"

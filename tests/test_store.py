@@ -361,6 +361,7 @@ def test_import_an_unsupported_architecture(tmp_path: Path) -> None:
 
 
 def fake_convert(gguf_path: Path, out_dir: Path, **kwargs: object) -> None:
+    kwargs.pop("report", None)  # the stage callback (tested in tests/test_progress.py)
     (out_dir / "config.json").write_text(json.dumps({"model_type": "llama", **kwargs}))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from time import perf_counter
@@ -15,8 +16,9 @@ from pardec_cli.errors import PardecUsageError
 
 
 @click.command()
-@click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
-              help="JSONL prompt set in Spec-Bench format (question_id, category, turns) or HumanEval format.")
+@click.option("--prompts", "prompts_path", default=None, type=click.Path(path_type=Path),
+              help="JSONL prompt set: Spec-Bench format (question_id, category, turns) or HumanEval (task_id, prompt). "
+              "Default: pardec's own 12 prompts, 4 per task profile (code, chat, extraction).")
 @click.option("--methods", "methods_text", default="vanilla,pld", show_default=True, metavar="LIST",
               help="Comma-separated methods, each with optional knobs: auto,vanilla,pld,layerskip[layers=8,k=4]. "
               "auto chooses per prompt, as `pardec gen` does.")
@@ -36,19 +38,27 @@ from pardec_cli.errors import PardecUsageError
               help="With vLLM: GPUs each layer is split across (default: the GPUs found).")
 @click.option("--pipeline-parallel", type=click.IntRange(min=1), default=None, metavar="N",
               help="With vLLM: pipeline stages (default: what the tensor split leaves).")
+@click.option("--plot", is_flag=True,
+              help="Also draw tokens/s per category and method as box plots of the per-prompt values.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress display (shown only on a terminal anyway).")
 @profile_option
 @model_options
 @compile_option
-def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None, max_tokens: int,
+def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int | None, max_tokens: int,
           baseline_text: str | None, baseline_hf: bool, json_out: Path | None, engines: str, tensor_parallel: int | None,
-          pipeline_parallel: int | None, profile: str, model: str | None, dtype: str, weights: str, device: str,
-          offline: bool | None, compile: str) -> None:
+          pipeline_parallel: int | None, plot: bool, quiet: bool, profile: str, model: str | None, dtype: str, weights: str,
+          device: str, offline: bool | None, compile: str) -> None:
     """Benchmark decoding methods on a prompt set, side by side on one loaded model.
 
     Methods run interleaved prompt by prompt after a warm-up, so machine drift hits
     all of them alike. Reports per category and overall: tokens/s, speedup over
     `vanilla` and over Hugging Face generate() (same model and dtype), mean tokens per
     decoding step, draft acceptance, and the share of outputs identical to `vanilla`'s.
+    Next to each ratio, in parentheses, its spread over the prompts: the median and the
+    10th-90th percentile of the per-prompt ratio (a busy machine can vary several-fold).
+
+    Without --prompts it runs pardec's own small set (4 prompts for each task profile);
+    real sets such as Spec-Bench's question.jsonl are given by path.
 
     Baselines run interleaved with the methods on the same prompt token ids, greedy,
     with the same token budget. llama.cpp runs the GGUF file the model came from (the
@@ -62,23 +72,27 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
 
     \b
     Examples:
-      pardec bench --prompts ../shared/bench/spec_bench_dev.jsonl --limit-per-category 5 \\
+      pardec bench                                  the built-in prompts, vanilla vs pld
+      pardec bench --methods auto,vanilla,suffix --plot -n 64
+      pardec bench --prompts question.jsonl --limit-per-category 5 \\
           --methods 'vanilla,pld,layerskip[layer_list=0-9,20-29]' --baseline-hf --dtype bfloat16
-      pardec bench --prompts ../shared/bench/code_edit_dev.jsonl --limit-per-category 1 -n 64 \\
+      pardec bench --prompts humaneval.jsonl --limit-per-category 1 -n 64 \\
           --methods auto,vanilla --baseline hf,llamacpp
-      pardec bench --prompts ../shared/bench/spec_bench_dev.jsonl --limit-per-category 2 \\
+      pardec bench --prompts question.jsonl --limit-per-category 2 \\
           --methods vanilla,pld --engine pardec,vllm
     """
     from pardec_cli.bench import (
-        Bench, MethodChoice, format_auto_choices, format_tables, limit_per_category as limit, load_prompts, make_baselines,
-        parse_baselines, parse_methods, report_json, summarize,
+        BUILTIN_PROMPTS, Bench, MethodChoice, format_auto_choices, format_tables, limit_per_category as limit, load_prompts,
+        make_baselines, parse_baselines, parse_methods, report_json, summarize,
     )
     from pardec_cli.planning import load_profiles_checked
+    from pardec_cli.progress import ProgressDisplay, progress_wanted
     from pardec_cli.session import Session
 
     choices = parse_methods(methods_text)
     load_profiles_checked(profile)
     prompts = limit(load_prompts(prompts_path), limit_per_category)
+    prompts_name = str(prompts_path) if prompts_path is not None else BUILTIN_PROMPTS
     use_pardec, use_vllm = "pardec" in engines.split(","), "vllm" in engines.split(",")
     if not use_vllm and (tensor_parallel or pipeline_parallel):
         raise PardecUsageError("--tensor-parallel and --pipeline-parallel are for --engine vllm")
@@ -98,21 +112,44 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
             if choice.name != "auto" and not runs_on_vllm(choice.name):
                 raise unsupported_error(choice.name)
     started = perf_counter()
-    tty = sys.stderr.isatty()
+    # With `--json -` stdout holds only the JSON document; the tables go to stderr, and
+    # no live display competes with them there.
+    to_stderr = json_out is not None and str(json_out) == "-"
+    live = progress_wanted(quiet or to_stderr)
+    tty = sys.stderr.isatty() and not live
     runs, labels, per_method = [], [], 1
     baseline_lines: list[str] = []
     baseline_settings: object = None
+    display = ProgressDisplay(live)
+    bar: list = []  # the display's bar over prompts x methods, once the methods are known
 
     def progress(done: int, total: int, prompt) -> None:
+        if live:
+            if not bar:
+                bar.append(display.task("measuring", total))
+            bar[0].update(completed=done, total=total)
+            return
         elapsed = perf_counter() - started
         eta = elapsed / done * (total - done)
         line = f"[{done}/{total}] {prompt.category} {prompt.prompt_id}  elapsed {elapsed:.0f}s  eta {eta:.0f}s"
         if tty:
             click.echo(f"\r\033[K{line}", err=True, nl=False)
-        elif done % per_method == 0:
+        elif done % per_method == 0 and not quiet:
             click.echo(line, err=True)
 
+    def starting(label: str, prompt, warm_up: bool) -> None:
+        """What runs now, on the display's bar: 'warm-up: pld' or 'code code-2: pld'."""
+        if not live:
+            return
+        what = f"warm-up: {label}" if warm_up else f"{prompt.category} {prompt.prompt_id}: {label}"
+        total = None if warm_up else len(prompts) * per_method
+        if not bar:
+            bar.append(display.task(what, total))
+        bar[0].update(description=what, total=total)
+
     if use_pardec:
+        # The model loads before the display starts: its first-run conversion has a
+        # display of its own (one live display at a time).
         with loading_status("loading model"):
             session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True,
                                    compile=compile, notice=compile_notice, weights=weights)
@@ -120,16 +157,18 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
         # The drafters benchmarked (draft[model=...]) are offered to auto, as gen's --draft-model is.
         drafters = [c.options["model"] for c in choices if c.name == "draft" and c.options.get("model")]
         with Bench(session, choices, max_new_tokens=max_tokens, baselines=baselines, profile=profile,
-                   drafters=drafters) as runner:
+                   drafters=drafters) as runner, display:
             labels, per_method = list(runner.labels), len(runner.labels)
             step = "compiled" if session.compiled else "eager"
             model_name, where = session.model_name, f"{session.dtype} ({session.weights} weights) on {session.device} ({step} step)"
-            click.echo(
-                f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
-                f"{session.model_name} {where}, {max_tokens} new tokens",
-                err=True,
-            )
-            runs += runner.run(prompts, progress)
+            if not quiet:
+                display.print(
+                    f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
+                    f"{session.model_name} {where}, {max_tokens} new tokens"
+                )
+            if live:
+                bar.append(display.task("warming up (compiling, caches)", None))
+            runs += runner.run(prompts, progress, starting)
             baseline_lines, baseline_settings = runner.describe_baselines(), runner.baseline_settings()
     if use_vllm:
         from pardec_cli.store.resolve import resolve_model
@@ -142,16 +181,22 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
         click.echo(f"pardec bench: {len(prompts)} prompts x {len(vchoices)} methods on vLLM "
                    f"({', '.join(c.label for c in vchoices)}), {resolved.name}, {max_tokens} new tokens", err=True)
         started, per_method = perf_counter(), 1
-        runs += vllm_runs(resolved, prompts, vchoices, max_new_tokens=max_tokens, profile=profile, dtype=dtype,
-                          offline=offline, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
-                          label_prefix=prefix, progress=progress)
+        bar.clear()
+        with ProgressDisplay(live) as display:
+            runs += vllm_runs(resolved, prompts, vchoices, max_new_tokens=max_tokens, profile=profile, dtype=dtype,
+                              offline=offline, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+                              label_prefix=prefix, progress=progress)
         labels += [prefix + c.label for c in vchoices]
     if tty:
         click.echo("\r\033[K", err=True, nl=False)
     table = summarize(runs, labels)
-    # With `--json -` stdout holds only the JSON document; the tables go to stderr.
-    to_stderr = json_out is not None and str(json_out) == "-"
     click.echo(format_tables(table), err=to_stderr)
+    if plot:
+        from pardec_cli.plots import bench_figure
+
+        out = sys.stderr if to_stderr else sys.stdout
+        width = min(shutil.get_terminal_size().columns, 120)
+        click.echo(bench_figure(runs, labels, width=width, color=out.isatty()), err=to_stderr)
     auto_choices = format_auto_choices(runs)
     if auto_choices:
         click.echo(auto_choices, err=to_stderr)
@@ -159,7 +204,7 @@ def bench(prompts_path: Path, methods_text: str, limit_per_category: int | None,
         click.echo(line, err=to_stderr)
     if json_out is not None:
         config = {
-            "prompts": str(prompts_path), "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,
+            "prompts": prompts_name, "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,
             "model": model_name, "dtype": dtype if not use_pardec else session.dtype,
             "weights": session.weights if use_pardec else None,
             "device": where if use_pardec else "vllm", "methods": labels, "profile": profile, "engine": engines,

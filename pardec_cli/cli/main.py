@@ -24,18 +24,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("pardec_cli.cli.gen:gen", "Generate text from a prompt, streamed as tokens are accepted."),
     "chat": ("pardec_cli.cli.chat:chat", "Chat in a terminal UI and watch parallel decoding at work."),
     "serve": ("pardec_cli.cli.serve:serve", "Serve a model over the OpenAI API (warm, parallel decoding per request)."),
-    "bench": ("pardec_cli.cli.bench:bench", "Benchmark methods on a Spec-Bench-format prompt set."),
+    "bench": ("pardec_cli.cli.bench:bench", "Benchmark decoding methods side by side (built-in prompts, or a Spec-Bench file)."),
     "methods": ("pardec_cli.cli.methods:methods", "List decoding methods and their knobs."),
     "doctor": ("pardec_cli.cli.doctor:doctor", "Show hardware, versions, models, and what --method auto would pick."),
     "tune": ("pardec_cli.cli.tune:tune", "Measure this machine and find the fastest method knobs per task profile."),
     "config": ("pardec_cli.cli.config_cmd:config", "Show where pardec keeps its files and the option defaults in effect."),
     "pull": ("pardec_cli.cli.models:pull", "Download a model and its drafters/heads into the Hugging Face cache."),
-    "list": ("pardec_cli.cli.models:list_models", "List the models on this machine (--json for JSON)."),
-    "show": ("pardec_cli.cli.models:show", "Describe a local model: architecture, size, files, accelerators."),
+    "list": ("pardec_cli.cli.models:list_models", "List the models on this machine; --available lists those that can be pulled."),
+    "show": ("pardec_cli.cli.models:show", "Describe a model: a local one, or a catalog alias before you pull it."),
     "rm": ("pardec_cli.cli.models:rm", "Remove models pardec pulled or imported; report the space freed."),
     "import": ("pardec_cli.cli.models:import_gguf", "Convert a GGUF file into a model in pardec's store."),
     "train-heads": ("pardec_cli.cli.train_heads:train_heads", "Train Medusa or EAGLE heads for a local model (its weights frozen)."),
-    "completion": ("pardec_cli.cli.completion:completion", "Print the Tab-completion script for bash, zsh or fish."),
+    "completion": ("pardec_cli.cli.completion:completion", "Print or --install the Tab-completion script for bash, zsh or fish."),
 }
 
 
@@ -50,13 +50,44 @@ class LazyGroup(click.Group):
         if entry is None:
             return None
         module_name, attr = entry[0].split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        command = getattr(importlib.import_module(module_name), attr)
+        _use_flag_names(ctx, name, command)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Use the static one-liners so that --help imports no subcommand module.
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _use_flag_names(ctx: click.Context, name: str, command: click.Command) -> None:
+    """Config keys and variables named after the flags (temp, PARDEC_GEN_TEMP), the old
+    parameter names still accepted with a hint, unknown keys with a did-you-mean
+    (`pardec_cli.cli.config_names`)."""
+    import os
+
+    from pardec_cli.cli.config_names import env_names, old_env_notes, translate_defaults
+    from pardec_cli.errors import PardecError
+
+    env_names(name, command)
+    notes: list[str] = []
+    defaults = (ctx.default_map or {}).get(name)
+    if defaults:
+        from pardec_cli.config import read_config
+
+        try:
+            own = set(read_config(sorted(COMMANDS))[1].get(name, {}))
+        except PardecError:
+            own = set()
+        ctx.default_map[name], notes = translate_defaults(name, command, defaults, own)  # type: ignore[index]
+    notes += old_env_notes(name, command, os.environ)
+    quiet = ctx.resilient_parsing or "_PARDEC_COMPLETE" in os.environ
+    shown = ctx.meta.setdefault("pardec.config_notes", set())
+    for note in notes:
+        if not quiet and note not in shown:
+            shown.add(note)
+            _say(f"pardec: hint: {note}")
 
 
 # Every option can also come from PARDEC_<COMMAND>_<OPTION> (e.g. PARDEC_GEN_MAX_TOKENS=64)
@@ -73,9 +104,11 @@ def cli() -> None:
       pardec gen --method layerskip -O layers=16 "Explain KV caches"
       cat notes.md | pardec gen "Summarise:"         stdin is appended to the prompt
       pardec tune --budget 20                        measure this machine; auto uses the results
+      pardec list --available                        models that can be pulled, and what speeds them up
       pardec doctor                                  hardware, models, and auto's picks
       pardec serve                                   OpenAI-compatible server on 127.0.0.1:8000
-      pardec bench --prompts spec_bench.jsonl --methods auto,vanilla,pld --baseline-hf
+      pardec bench --methods auto,vanilla,pld --plot compare methods on pardec's own prompts
+      pardec completion --install                    Tab completion for your shell
 
     Greedy output of every method equals plain decoding; sampling keeps the model's
     distribution. `pardec methods` lists the methods and their knobs.

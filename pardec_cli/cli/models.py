@@ -86,7 +86,8 @@ def _offline(flag: bool | None) -> bool:
 def pull(model: str, no_drafters: bool, drafters: tuple[str, ...], revision: str | None, offline: bool | None) -> None:
     """Download MODEL and its accelerators into the Hugging Face cache.
 
-    MODEL is a catalog alias (`pardec list`, `pardec show ALIAS`) or any Hub id org/name.
+    MODEL is a catalog alias (`pardec list --available` lists them, `pardec show ALIAS`
+    describes one) or any Hub id org/name.
     Only the files a model needs are fetched; a second pull downloads nothing, and an
     interrupted pull resumes with the files it had finished. Each drafter's tokenizer
     is checked against the model's: a mismatch is an error that names the difference.
@@ -130,14 +131,28 @@ def pull(model: str, no_drafters: bool, drafters: tuple[str, ...], revision: str
 
 @click.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
-def list_models(as_json: bool) -> None:
+@click.option("-a", "--available", is_flag=True,
+              help="List the catalog instead: every alias `pardec pull` knows, its size, what it brings "
+              "(drafters, Medusa/EAGLE heads) and whether it is here.")
+def list_models(as_json: bool, available: bool) -> None:
     """List the models on this machine: pulled, imported and embedded.
 
     Columns: the name to pass to -m, its catalog alias, where it came from, its size on
     disk, its accelerators (with their compatibility) and when it was last used.
+    With --available: the catalog of models that can be pulled.
+
+    \b
+    Examples:
+      pardec list                  what is here
+      pardec list --available      what `pardec pull ALIAS` can fetch
+      pardec show qwen2.5-7b       one entry in detail, installed or not
     """
-    from pardec_cli.store.inventory import list_models as inventory
     from pardec_cli.store.records import broken_records
+
+    if available:
+        _list_catalog(as_json)
+        return
+    from pardec_cli.store.inventory import list_models as inventory
 
     models = inventory()
     for broken in broken_records():
@@ -146,7 +161,8 @@ def list_models(as_json: bool) -> None:
         click.echo(json.dumps([m.to_dict() for m in models], indent=2))
         return
     if not models:
-        _say("no models yet: `pardec pull ALIAS` downloads one (`pardec show ALIAS` describes it)")
+        _say("no models yet: `pardec list --available` shows what can be pulled, "
+             "`pardec pull ALIAS` downloads one")  # fmt: skip
         return
     rows = [("NAME", "ALIAS", "SOURCE", "SIZE", "ACCELERATORS", "LAST USED")]
     for m in models:
@@ -156,9 +172,62 @@ def list_models(as_json: bool) -> None:
         )
         source = m.source if m.complete else f"{m.source} (files missing)"
         rows.append((m.name, m.alias or "-", source, _size(m.size), accs or "-", _ago(m.last_used)))
+    _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    """Columns padded to their widest cell; the last one is left ragged."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+
+
+def accelerators_text(accelerators: list[dict[str, Any]]) -> str:
+    """"drafters qwen2.5-0.5b*, qwen2.5-1.5b; heads Medusa, EAGLE" (* = installed here)."""
+    groups: dict[str, list[str]] = {}
+    for acc in accelerators:
+        mark = "*" if acc["installed"] else ""
+        groups.setdefault(acc["kind"], []).append(acc["name"] + mark)
+    parts = []
+    drafters = groups.pop("drafter", [])
+    if drafters:
+        parts.append(("drafters " if len(drafters) > 1 else "drafter ") + ", ".join(drafters))
+    heads = [_HEAD_NAMES.get(kind, kind) + ("*" if any(n.endswith("*") for n in names) else "")
+             for kind, names in groups.items()]
+    if heads:
+        parts.append("heads " + ", ".join(heads))
+    return "; ".join(parts) or "-"
+
+
+_HEAD_NAMES = {"medusa": "Medusa", "eagle": "EAGLE", "eagle3": "EAGLE-3"}
+
+
+def _list_catalog(as_json: bool) -> None:
+    from pardec_cli.store.inventory import catalog_rows
+
+    rows = catalog_rows()
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+        return
+    table = [("ALIAS", "PARAMS", "DOWNLOAD", "HERE", "ACCELERATORS")]
+    for row in rows:
+        e = row.entry
+        download = "~" + _short_size(e.approx_download_bytes) if e.approx_download_bytes else "-"
+        here = row.installed or "-"
+        table.append((e.alias, e.params or "-", download, here, accelerators_text(row.accelerators)))
+    _table(table)
+    click.echo()
+    click.echo("DOWNLOAD: the model alone, 16 bits a weight (a pull adds its accelerators; * = already here).")
+    click.echo("`pardec show ALIAS` describes one; `pardec pull ALIAS` downloads it.")
+
+
+def _short_size(n: int) -> str:
+    """"270 MB", "3.4 GB": two or three significant digits, for a column."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}".replace(".0 ", " ")
+    return f"{n} B"
 
 
 # ----------------------------------------------------------------------- show
@@ -168,10 +237,22 @@ def list_models(as_json: bool) -> None:
 @click.argument("model", shell_complete=_complete_model)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def show(model: str, as_json: bool) -> None:
-    """Describe a local MODEL: architecture, size, files, accelerators, path."""
-    from pardec_cli.store.inventory import show_model
+    """Describe MODEL: architecture, size, files, accelerators, path.
 
-    info = show_model(model)
+    A catalog alias that is not installed is described from the catalog: its Hub
+    repo, size, what it brings and how to pull it.
+    """
+    from pardec_cli.errors import ModelNotFoundError
+    from pardec_cli.store.inventory import describe_catalog_entry, show_model
+
+    try:
+        info = show_model(model)
+    except ModelNotFoundError:
+        entry = describe_catalog_entry(model)
+        if entry is None:
+            raise
+        _show_catalog_entry(entry, as_json)
+        return
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -210,6 +291,38 @@ def show(model: str, as_json: bool) -> None:
     for acc in info["accelerators"]:
         detail = f" ({acc['detail']})" if acc.get("detail") else ""
         click.echo(f"  {acc['name']}  --method {acc['method']}  {acc['status']}{detail}")
+
+
+def _show_catalog_entry(info: dict[str, Any], as_json: bool) -> None:
+    """`pardec show ALIAS` for an alias that is not on this machine."""
+    from pardec_cli.store.catalog import accelerator_noun
+
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    download = f"~{_size(info['download_bytes_estimate'])} to download (16-bit weights)" \
+        if info["download_bytes_estimate"] else "unknown until pulled"
+    lines = [
+        ("name", f"{info['alias']} (catalog alias)"),
+        ("description", info["description"] or "-"),
+        ("repo", info["repo"] + (f" @ {info['revision']}" if info["revision"] else "")),
+        ("family", info["family"]),
+        ("parameters", info["params"] or "-"),
+        ("size", download),
+        ("installed", info["installed"] or f"no: `pardec pull {info['alias']}` downloads it"),
+    ]
+    if info["chat_template_notes"]:
+        lines.append(("chat format", info["chat_template_notes"]))
+    if info["notes"]:
+        lines.append(("notes", info["notes"]))
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        click.echo(f"{key.ljust(width)}  {value}")
+    click.echo("accelerators" + ("" if info["accelerators"] else "  none in the catalog"))
+    for acc in info["accelerators"]:
+        state = "installed" if acc["installed"] else "pulled with the model"
+        repo = f" ({acc['repo']})" if acc["repo"] != acc["name"] else ""
+        click.echo(f"  {accelerator_noun(acc['kind'])}: {acc['name']}{repo}  --method {acc['method']}  {state}")
 
 
 def _params(n: int) -> str:
@@ -273,7 +386,8 @@ def default_import_name(path: Path) -> str:
               help="Dtype the dequantized weights are saved in (float32 keeps greedy output bit-exact).")
 @click.option("--force", is_flag=True, help="Replace a model of the same name.")
 @click.option("--source-repo", default=None, metavar="ORG/NAME", help="Hub id the GGUF was made from (recorded).")
-def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_repo: str | None) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="No progress display (it is shown only on a terminal anyway).")
+def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_repo: str | None, quiet: bool) -> None:
     """Convert a GGUF file (llama.cpp) into a model in pardec's store.
 
     transformers dequantizes the weights (Q4/Q5/Q8 and K-quants); the model is saved as
@@ -294,8 +408,12 @@ def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_re
             f"a model named {name!r} already exists in {models_dir()}",
             hint="choose another --name, or pass --force to replace it",
         )
-    _say(f"converting {file.name} ({architecture}) into {name} ({dtype}); big models take minutes")
+    from pardec_cli.progress import ProgressDisplay, progress_wanted
+
+    if not quiet:
+        _say(f"converting {file.name} ({architecture}) into {name} ({dtype}); big models take minutes")
     start = time.perf_counter()
-    path = convert(file, name, overwrite=force, source_repo=source_repo, dtype=dtype)
+    with ProgressDisplay(progress_wanted(quiet)) as display:
+        path = convert(file, name, overwrite=force, source_repo=source_repo, dtype=dtype, report=display.stages())
     click.echo(f"imported {name} in {time.perf_counter() - start:.1f} s: "
                f"{_size(_dir_size(path))} at {path}; run it with -m {name}")  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from time import perf_counter
@@ -40,7 +41,7 @@ class ProfileOrAll(click.ParamType):
 @click.option("--methods", "methods_text", default="", metavar="LIST", help="Only these methods (comma-separated names).")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=8), default=96, show_default=True,
               help="Tokens generated per measured run.")
-@click.option("--show", is_flag=True, help="Print the saved results (all models) and exit.")
+@click.option("--show", is_flag=True, help="Print the saved results (all models) and exit; on a terminal also draw each cost curve and the speed-ups per profile.")
 @click.option("--reset", is_flag=True, help="Remove MODEL's saved results (every device and dtype) and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --show: print the results as JSON.")
 def tune(model: str | None, dtype: str, weights: str, device: str, offline: bool | None, compile: str, profile: str, budget: float,
@@ -122,6 +123,11 @@ def show_results(model: str | None, device: str, dtype: str, as_json: bool) -> N
             results.fingerprint == fingerprint else None
         for line in describe_results(results, applies=applies):
             click.echo(line)
+        if sys.stdout.isatty():  # pictures for people; pipes get the lines above only
+            from pardec_cli.plots import tune_figures
+
+            click.echo()
+            click.echo(tune_figures(results, width=min(shutil.get_terminal_size().columns, 100), color=True))
 
 
 def reset_results(model: str | None) -> None:

@@ -220,7 +220,9 @@ def unavailable_reason(
             return f"{part!r} cannot be combined"
     kind = methods[parts[0]].accelerator if len(parts) == 1 else None
     if kind is not None and not any(a.kind == kind for a in accelerators):
-        return f"needs a {kind} for this model; none is installed"
+        from pardec_cli.store.catalog import accelerator_noun
+
+        return f"needs {accelerator_noun(kind, article=True)} for this model; none is installed"
     return None
 
 

@@ -24,7 +24,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 _LIST_FIELDS = ("drafters", "medusa", "eagle", "eagle3")
-_TEXT_FIELDS = ("description", "chat_template", "notes")
+_TEXT_FIELDS = ("description", "chat_template", "notes", "params")
 _KNOWN_FIELDS = {"repo", "revision", "family", *_TEXT_FIELDS, *_LIST_FIELDS}
 
 # Accelerator kind -> the decoding method it serves.
@@ -34,6 +34,15 @@ ACCELERATOR_METHODS: dict[str, str] = {
     "eagle": "eagle",
     "eagle3": "eagle3",
 }
+
+_ACCELERATOR_NOUNS = {"drafter": "drafter", "medusa": "Medusa heads", "eagle": "EAGLE heads", "eagle3": "EAGLE-3 heads"}
+
+
+def accelerator_noun(kind: str, *, article: bool = False) -> str:
+    """How people call an accelerator kind: "drafter", "Medusa heads", "EAGLE-3 heads";
+    with `article`, as the object of "needs": "a drafter", "EAGLE heads"."""
+    noun = _ACCELERATOR_NOUNS.get(kind, kind)
+    return f"a {noun}" if article and not noun.endswith("s") else noun
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,19 @@ class CatalogEntry:
     description: str = ""
     chat_template: str = ""
     notes: str = ""
+    params: str = ""  # parameter count as the model card gives it: "1.71B", "135M"
+
+    @property
+    def parameters(self) -> int | None:
+        """`params` as a number ("1.71B" -> 1_710_000_000), or None when not given."""
+        return parse_parameter_count(self.params)
+
+    @property
+    def approx_download_bytes(self) -> int | None:
+        """About what `pardec pull` downloads for the model alone: 2 bytes a parameter
+        (the Hub checkpoints in this catalog hold 16-bit weights), or None when unknown."""
+        count = self.parameters
+        return None if count is None else 2 * count
 
     def accelerators(self) -> list[Accelerator]:
         """Every accelerator of this model: drafters first (best first), then heads."""
@@ -81,6 +103,21 @@ class CatalogEntry:
             *(Accelerator("eagle", ref) for ref in self.eagle),
             *(Accelerator("eagle3", ref) for ref in self.eagle3),
         ]
+
+
+_PARAM_UNITS = {"k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+
+
+def parse_parameter_count(text: str) -> int | None:
+    """"1.71B" -> 1_710_000_000, "135M" -> 135_000_000; None for "" or anything else."""
+    text = text.strip().lower()
+    if len(text) < 2 or text[-1] not in _PARAM_UNITS:
+        return None
+    try:
+        value = float(text[:-1])
+    except ValueError:
+        return None
+    return int(round(value * _PARAM_UNITS[text[-1]])) if value > 0 else None
 
 
 def _entry(alias: str, table: Any, source: str) -> CatalogEntry:
@@ -103,6 +140,8 @@ def _entry(alias: str, table: Any, source: str) -> CatalogEntry:
     for key in ("revision", *_TEXT_FIELDS):
         if table.get(key) is not None and not isinstance(table[key], str):
             raise PardecError(f"{where}: {key!r} must be a string")
+    if table.get("params") and parse_parameter_count(table["params"]) is None:
+        raise PardecError(f"{where}: 'params' must read like \"1.7B\" or \"135M\", not {table['params']!r}")
     return CatalogEntry(
         alias=alias.lower(),
         repo=table["repo"],

@@ -84,9 +84,16 @@ def ensure_embedded_model(progress: bool = False, *, offline: bool | None = None
     if gguf is not None:
         from pardec_cli.store.gguf_import import import_gguf
 
+        from pardec_cli.progress import ProgressDisplay, stderr_is_terminal
+
+        # On a terminal a live display shows the stages (reading, tensors counted,
+        # writing); elsewhere one line says why the first run takes a while.
+        live = progress and stderr_is_terminal()
         if progress:
-            print(PROGRESS_LINE, file=sys.stderr, flush=True)
-        return import_gguf(gguf, EMBEDDED_ALIAS, overwrite=True, source_repo=EMBEDDED_REPO)
+            # On a terminal a status line ("loading model...") may be waiting: replace it.
+            print(("\r\033[K" if live else "") + PROGRESS_LINE, file=sys.stderr, flush=True)
+        with ProgressDisplay(live) as display:
+            return import_gguf(gguf, EMBEDDED_ALIAS, overwrite=True, source_repo=EMBEDDED_REPO, report=display.stages())
     if offline is None:
         offline = _env_offline()
     from pardec_cli.store.resolve import fetch_snapshot

@@ -17,12 +17,15 @@ import contextlib
 import io
 import struct
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from pardec_cli.errors import ModelLoadError, ModelNotFoundError, PardecError
 from pardec_cli.hardware import canonical_dtype
 from pardec_cli.home import models_dir
 from pardec_cli.store.layout import check_model_name, is_complete, staged_model_dir, write_marker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pardec_cli.progress import StageReport
 
 GGUF_MAGIC = b"GGUF"
 
@@ -107,7 +110,8 @@ def _check_gguf_path(path: Path) -> None:
         raise PardecError(f"{path} is not a file", hint="pass the path of a .gguf file")
 
 
-def _convert_keeping_blocks(gguf_path: Path, out_dir: Path, *, source_repo: str | None, architecture: str) -> bool:
+def _convert_keeping_blocks(gguf_path: Path, out_dir: Path, *, source_repo: str | None, architecture: str,
+                            report: StageReport | None = None) -> bool:
     """Store the file with its Q4/Q8 blocks kept (`store.quantized`); False when its
     architecture needs the dense conversion instead."""
     from pardec_cli.store.loading import quiet_transformers
@@ -115,7 +119,7 @@ def _convert_keeping_blocks(gguf_path: Path, out_dir: Path, *, source_repo: str 
 
     try:
         with quiet_transformers(), contextlib.redirect_stderr(io.StringIO()):
-            return convert_gguf_quantized(gguf_path, out_dir, source_repo=source_repo)
+            return convert_gguf_quantized(gguf_path, out_dir, source_repo=source_repo, report=report)
     except OSError as exc:
         raise PardecError(
             f"cannot write the converted model to {out_dir.parent}: {exc.strerror or exc}",
@@ -141,18 +145,21 @@ def _conversion_error(exc: Exception, gguf_path: Path, architecture: str) -> Mod
     )
 
 
-def _convert(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None, architecture: str) -> bool:
+def _convert(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None, architecture: str,
+             report: StageReport | None = None) -> bool:
     """Convert `gguf_path` into `out_dir`: blocks kept where the architecture allows it
     (True), else dequantized into a `dtype` checkpoint (False)."""
-    if _convert_keeping_blocks(gguf_path, out_dir, source_repo=source_repo, architecture=architecture):
+    if _convert_keeping_blocks(gguf_path, out_dir, source_repo=source_repo, architecture=architecture, report=report):
         return True
-    _convert_dense(gguf_path, out_dir, dtype=dtype, source_repo=source_repo, architecture=architecture)
+    _convert_dense(gguf_path, out_dir, dtype=dtype, source_repo=source_repo, architecture=architecture, report=report)
     return False
 
 
 def _convert_dense(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: str | None,
-                   architecture: str) -> None:  # fmt: skip
+                   architecture: str, report: StageReport | None = None) -> None:  # fmt: skip
     """Dequantize `gguf_path` with transformers and save a checkpoint into `out_dir`."""
+    if report is not None:  # transformers reads and dequantizes in one call: no count to show
+        report(f"reading and dequantizing {gguf_path.name} (transformers)", 0, None)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pardec_cli.hardware import torch_dtype
@@ -175,6 +182,8 @@ def _convert_dense(gguf_path: Path, out_dir: Path, *, dtype: str, source_repo: s
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config._name_or_path = source_repo or gguf_path.stem
+    if report is not None:
+        report("writing the model", 0, None)
     try:
         with quiet_transformers():
             model.save_pretrained(str(out_dir))
@@ -193,12 +202,14 @@ def import_gguf(
     overwrite: bool = False,
     source_repo: str | None = None,
     dtype: str = "float32",
+    report: StageReport | None = None,
 ) -> Path:
     """Convert a GGUF file into ``models_dir()/name`` and return that directory.
 
     `source_repo` is the Hub id the GGUF was made from (recorded in config.json and the
     marker). `dtype` is the dtype the weights are saved in: float32 keeps greedy decoding
     bit-exact; bfloat16 halves the size (lower precision is chosen at load time anyway).
+    `report` hears the conversion's stages (`pardec_cli.progress.StageReport`).
     Raises `ModelNotFoundError` for a missing file, `ModelLoadError` for a file that is
     not GGUF or that transformers cannot load, and `PardecError` when `name` exists and
     not `overwrite`.
@@ -215,7 +226,7 @@ def import_gguf(
         )
     architecture = gguf_architecture(path)
     with staged_model_dir(name, overwrite=overwrite) as tmp:
-        kept = bool(_convert(path, tmp, dtype=dtype, source_repo=source_repo, architecture=architecture))
+        kept = bool(_convert(path, tmp, dtype=dtype, source_repo=source_repo, architecture=architecture, report=report))
         write_marker(
             tmp,
             source="gguf",

@@ -262,9 +262,38 @@ class RepoListing:
     hashes: dict[str, str] = field(default_factory=dict)
 
 
-def _bar_class(label: str, show: bool) -> type:
-    """A tqdm class for one file's download bar (or a silent one when not `show`)."""
+def _bar_class(label: str, show: bool, display: Any = None, overall: Any = None) -> type:
+    """A tqdm class for one file's download bar (or a silent one when not `show`).
+
+    With a live `display` (`pardec_cli.progress.ProgressDisplay`), the bar is drawn there
+    instead (tqdm itself stays silent) and every byte also advances `overall`, the
+    pull's bar across all its files.
+    """
     from tqdm import tqdm
+
+    if display is not None and display.enabled:
+
+        class DisplayBar(tqdm):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                total, initial = kwargs.get("total"), kwargs.get("initial") or 0
+                super().__init__(disable=True)
+                self._task = display.task(label, total)
+                if initial:
+                    self.update(initial)
+
+            def update(self, n: float | None = 1) -> bool | None:
+                self._task.advance(n or 0)
+                if overall is not None:
+                    overall.advance(n or 0)
+                return None
+
+            def close(self) -> None:
+                if getattr(self, "_task", None) is not None:
+                    self._task.done()
+                    self._task = None
+                super().close()
+
+        return DisplayBar
 
     class FileBar(tqdm):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -328,11 +357,13 @@ class HubClient:
             raise PardecError(f"the Hub did not say which commit {repo} is at")
         return RepoListing(repo, revision or "main", info.sha, files, hashes)
 
-    def download(self, repo: str, filename: str, commit: str, *, progress: bool) -> Path:
+    def download(self, repo: str, filename: str, commit: str, *, progress: bool, display: Any = None,
+                 overall: Any = None) -> Path:  # fmt: skip
         """One file of `repo` at `commit` into the cache; returns its snapshot path.
 
         Returns at once when the file is already in the snapshot. `progress` draws a bar
-        (name, size, speed) on stderr.
+        (name, size, speed) on stderr: in `display` when it is given (a live
+        `pardec_cli.progress.ProgressDisplay`), where its bytes also advance `overall`.
         """
         from huggingface_hub import hf_hub_download
 
@@ -343,7 +374,7 @@ class HubClient:
                 revision=commit,
                 cache_dir=str(cache_root()),
                 endpoint=endpoint(),
-                tqdm_class=_bar_class(filename, progress),
+                tqdm_class=_bar_class(filename, progress, display, overall),
             )
         return Path(str(path))
 

@@ -138,6 +138,85 @@ def list_models() -> list[ModelSummary]:
     return sorted(pulled + stored, key=lambda m: (m.name.lower(), m.source))
 
 
+# ------------------------------------------------------------ the catalog
+
+
+@dataclass
+class CatalogRow:
+    """One catalog alias as `pardec list --available` shows it.
+
+    `installed` is how the model is here ("pulled", "embedded", "imported", "in the
+    Hugging Face cache") or None; `download_bytes` the catalog's estimate of what a pull
+    of the model alone fetches (None when it gives no parameter count); `size_bytes`
+    what the installed copy takes on disk.
+    """
+
+    entry: CatalogEntry
+    installed: str | None
+    size_bytes: int | None
+    accelerators: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.entry
+        return {
+            "alias": e.alias, "repo": e.repo, "revision": e.revision, "family": e.family, "params": e.params or None,
+            "parameters": e.parameters, "download_bytes_estimate": e.approx_download_bytes,
+            "description": e.description, "installed": self.installed, "size_bytes": self.size_bytes,
+            "accelerators": self.accelerators,
+        }  # fmt: skip
+
+
+_SOURCE_WORDS = {"hub": "pulled", "hf-cache": "in the Hugging Face cache", "gguf": "imported", "embedded": "embedded"}
+
+
+def catalog_rows() -> list[CatalogRow]:
+    """Every catalog alias with what it brings (drafters, heads) and what of it is here."""
+    from pardec_cli.store.catalog import load_catalog
+    from pardec_cli.store.resolve import cached_snapshot, is_usable
+
+    here: dict[str, ModelSummary] = {}
+    for model in list_models():
+        for key in (model.alias, model.name, model.repo):
+            if key:
+                here.setdefault(key.lower(), model)
+    catalog = load_catalog()
+
+    def status(alias: str, repo: str, revision: str | None) -> tuple[str | None, int | None]:
+        found = here.get(alias) or here.get(repo.lower())
+        if found is not None:
+            return _SOURCE_WORDS.get(found.source, found.source), found.size
+        cached = cached_snapshot(repo, revision)
+        if cached is not None and is_usable(cached, require_weights=True):
+            return _SOURCE_WORDS["hf-cache"], sum(f["size_bytes"] for f in _files(cached))
+        return None, None
+
+    rows = []
+    for alias, entry in catalog.items():
+        installed, size = status(alias, entry.repo, entry.revision)
+        accelerators = []
+        for acc in entry.accelerators():
+            other = catalog.get(acc.ref.lower())
+            repo = other.repo if other else acc.ref
+            acc_installed, _ = status(acc.ref.lower(), repo, other.revision if other else None)
+            accelerators.append({"name": acc.ref, "kind": acc.kind, "method": acc.method, "repo": repo,
+                                 "installed": acc_installed is not None})
+        rows.append(CatalogRow(entry, installed, size, accelerators))
+    return rows
+
+
+def describe_catalog_entry(spec: str) -> dict[str, Any] | None:
+    """A catalog alias that is not installed, as `pardec show` describes it; None when
+    `spec` is no alias."""
+    entry = lookup_alias(spec)
+    if entry is None:
+        return None
+    row = next(r for r in catalog_rows() if r.entry.alias == entry.alias)
+    info = row.to_dict()
+    info["chat_template_notes"] = entry.chat_template
+    info["notes"] = entry.notes
+    return info
+
+
 # --------------------------------------------------------------------- show
 
 
@@ -305,7 +384,8 @@ def _unpulled(spec: str) -> ModelSummary:
 def _unknown_local(spec: str) -> ModelNotFoundError:
     known = [m.name for m in list_models()]
     close = difflib.get_close_matches(spec, known, n=3) or suggest_aliases(spec)
-    hint = ("did you mean: " + ", ".join(close) + "?") if close else "`pardec list` shows the models here"
+    hint = ("did you mean: " + ", ".join(close) + "?") if close else \
+        "`pardec list` shows the models here, `pardec list --available` those that can be pulled"
     return ModelNotFoundError(f"unknown model {spec!r}", hint=hint)
 
 

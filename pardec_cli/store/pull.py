@@ -228,11 +228,15 @@ def fetch_repo(
     offline: bool = False,
     progress: bool = False,
     say: Say = _quiet,
+    display: Any = None,
+    overall: Any = None,
 ) -> Fetched:
     """Make `repo` at `revision` complete in the cache; download only what is missing.
 
     `kind` is "model" (a transformers checkpoint: target or drafter) or a head kind.
-    Offline, the repo must already be there (`ModelNotFoundError` otherwise).
+    Offline, the repo must already be there (`ModelNotFoundError` otherwise). With a
+    live `display` the file bars are drawn there, and `overall` (a task of it) grows by
+    the bytes this repo still needs and advances as they arrive.
     """
     if offline:
         return _fetch_offline(repo, revision, kind)
@@ -243,8 +247,11 @@ def fetch_repo(
     snap = hub.snapshot_dir(repo, listing.commit, cache)
     fetched = Fetched(RepoRecord(repo, listing.revision, listing.commit, str(cache.absolute())))
 
+    counted: set[str] = set()  # the files whose bytes the overall bar expects
+
     def download(name: str) -> Path:
-        return hub.call(lambda: client.download(repo, name, listing.commit, progress=progress), repo, revision)
+        extra = {} if display is None else {"display": display, "overall": overall if name in counted else None}
+        return hub.call(lambda: client.download(repo, name, listing.commit, progress=progress, **extra), repo, revision)
 
     def get(name: str) -> Path:
         """Download `name` unless present, and check it against the Hub's hash and size:
@@ -292,6 +299,9 @@ def fetch_repo(
                     f"{human_size(free)} free in {cache}",
                     hint="free some space, or point HF_HUB_CACHE at a bigger disk",
                 )
+            if overall is not None:
+                counted.update(name for name in missing if name != "config.json")
+                overall.add_total(sum(listing.files.get(name) or 0 for name in counted))
             if kind == "model":
                 check_architecture(read_json(get("config.json")), repo)
             for name in _order(missing, listing.files):
@@ -385,7 +395,7 @@ def plan_target(spec: str, revision: str | None = None) -> Target:
 
     spec = spec.strip()
     if not spec:
-        raise PardecUsageError("which model? pass an alias (pardec list shows them) or a Hub id org/name")
+        raise PardecUsageError("which model? pass an alias (`pardec list --available` shows them) or a Hub id org/name")
     if spec.lower().endswith(".gguf"):
         raise PardecUsageError(
             f"{spec} is a GGUF file: import it instead of pulling it",
@@ -496,12 +506,34 @@ def pull_model(
     target: they are listed in ``problems`` (and incompatible ones recorded as such);
     the caller turns them into an error.
     """
+    from pardec_cli.progress import ProgressDisplay
+
     target = plan_target(spec, revision)
     plans = plan_accelerators(target, no_drafters=no_drafters, chosen=drafters)
+    # On a terminal (`progress`): one live display, a bar per file plus one for the whole
+    # pull (its total grows as each repo's missing files become known).
+    with ProgressDisplay(progress and not offline, transfer=True) as display:
+        if display.enabled:
+            say = _above(display, say)
+        overall = display.task(f"{target.name}: all files", 0) if display.enabled else None
+        return _pull(target, plans, offline=offline, progress=progress, say=say, display=display, overall=overall)
+
+
+def _above(display: Any, say: Say) -> Say:
+    """`say`, but printed above the live display, which would otherwise overwrite it."""
+    if say is _quiet:
+        return say
+    return lambda message: display.print(f"pardec: {message}")
+
+
+def _pull(target: Target, plans: list[Planned], *, offline: bool, progress: bool, say: Say, display: Any,
+          overall: Any) -> PullResult:  # fmt: skip
+    """`pull_model` once the plan is made (and the display, if any, is up)."""
     where = f"{target.repo}" + (f" @ {target.revision}" if target.revision else "")
     if not offline:
         say(f"pulling {target.name}" + (f" ({where})" if target.name != target.repo or target.revision else ""))
-    fetched = fetch_repo(target.repo, target.revision, offline=offline, progress=progress, say=say)
+    fetched = fetch_repo(target.repo, target.revision, offline=offline, progress=progress, say=say,
+                         display=display, overall=overall)  # fmt: skip
     if not fetched.downloaded:
         say(f"{target.name}: up to date ({fetched.record.revision} @ {fetched.record.commit[:8]})")
     previous = records.find(target.name)
@@ -519,7 +551,8 @@ def pull_model(
         say(f"{plan.kind} {plan.name} (for --method {plan.method})")
         kind = "model" if plan.kind == "drafter" else "head"
         try:
-            acc = fetch_repo(plan.repo, plan.revision, kind=kind, offline=offline, progress=progress, say=say)
+            acc = fetch_repo(plan.repo, plan.revision, kind=kind, offline=offline, progress=progress, say=say,
+                             display=display, overall=overall)  # fmt: skip
         except PardecError as exc:
             result.problems.append(f"{plan.name}: {exc.message}")
             say(f"{plan.name}: {exc.message}")

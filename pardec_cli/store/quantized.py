@@ -28,6 +28,8 @@ from pardec_cli.errors import ModelLoadError
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
+
+    from pardec_cli.progress import StageReport
     import torch
     from torch import nn
 
@@ -76,13 +78,15 @@ def _gguf_blocks(tensor: Any) -> tuple[str, dict[str, np.ndarray]] | None:
     return "q4", {"q4_codes": packed, "q4_scale": d, "q4_min": m}
 
 
-def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str | None) -> bool:
+def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str | None,
+                           report: StageReport | None = None) -> bool:
     """Write `gguf_path` into `out_dir` with its Q4/Q8 blocks kept; False when the file's
     architecture needs transformers' dense conversion instead (nothing is written then).
 
     Config and tokenizer come from transformers' GGUF reader (metadata only); tensor
     names from its GGUF -> Hugging Face name map; the rows of attention weights are
     un-permuted by transformers' own tensor processor, applied to codes and scales.
+    `report` hears the stages: reading the file, converting tensors (counted), writing.
     """
     import numpy as np
     import torch
@@ -96,12 +100,15 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
         read_field,
     )
 
+    report = report or _no_report
+    report(f"reading {gguf_path.name}", 0, None)
     reader = GGUFReader(str(gguf_path))
     architecture = read_field(reader, "general.architecture")[0]
     processor_class = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
     if processor_class.__name__ not in _ROW_SAFE_PROCESSORS:
         return False
     where = {"gguf_file": gguf_path.name}
+    report("reading its config and tokenizer (transformers)", 0, None)
     config = AutoConfig.from_pretrained(str(gguf_path.parent), **where)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **where)
     with torch.device("meta"):
@@ -112,7 +119,8 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
 
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, str] = {}
-    for tensor in reader.tensors:
+    for done, tensor in enumerate(reader.tensors, start=1):
+        report("converting tensors", done - 1, len(reader.tensors))
         hf_name = names.get(tensor.name)
         if hf_name not in wanted:
             continue  # e.g. rope_freqs: computed by the model itself
@@ -127,6 +135,7 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
             # Row un-permutation of q/k weights: the same for codes and their scales.
             array = processor.process(weights=array, name=tensor.name).weights
             tensors[f"{hf_name}.{suffix}"] = torch.from_numpy(np.ascontiguousarray(array))
+    report("writing the model", 0, None)
     save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
     (out_dir / QUANT_FILE).write_text(json.dumps({"format": 1, "block": BLOCK, "tensors": layout}, indent=1))
     config._name_or_path = source_repo or gguf_path.stem
@@ -135,6 +144,10 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
     GenerationConfig.from_model_config(config).save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return True
+
+
+def _no_report(stage: str, done: int, total: int | None) -> None:
+    pass
 
 
 # ---------------------------------------------------------------------- loading

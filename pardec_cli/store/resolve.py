@@ -229,8 +229,8 @@ def unknown_model_error(spec: str) -> ModelNotFoundError:
         hint = "did you mean: " + ", ".join(close) + "?"
     else:
         hint = (
-            "use a catalog alias (e.g. smollm2-135m), a Hub id like org/name, "
-            "or a local directory"
+            "use a catalog alias (`pardec list --available` lists them), a Hub id "
+            "like org/name, or a local directory"
         )
     return ModelNotFoundError(f"unknown model {spec!r}", hint=hint)
 

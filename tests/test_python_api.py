@@ -1,0 +1,103 @@
+"""The Python API (`pardec_cli.api`), and the example of docs/python-api.md run as written.
+
+The example loads "the embedded model"; here a pardec home holds a tiny random Llama
+(with the real SmolLM2 tokenizer and chat template) in the embedded model's place, so
+the documented code runs unchanged in well under a second per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pardec_cli import api
+from pardec_cli.errors import PardecError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tiny_as_embedded(tiny_cli_model: Path, isolated_home: Path) -> Path:
+    """The tiny model installed where pardec keeps the converted embedded model."""
+    from pardec_cli.store.layout import write_marker
+
+    target = isolated_home / "models" / "smollm2-135m"
+    shutil.copytree(tiny_cli_model, target)
+    write_marker(target, source="gguf", stored="dense", dtype="float32")
+    return target
+
+
+def documented_example() -> str:
+    text = (ROOT / "docs" / "python-api.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- python-api-example:begin -->\s*```python\n(.*?)```", text, re.S)
+    assert block, "docs/python-api.md lost its example block"
+    return block.group(1)
+
+
+def test_the_documented_example_runs_as_written(tiny_as_embedded: Path) -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(documented_example(), "docs/python-api.md", "exec"), {})
+    lines = out.getvalue().splitlines()
+    assert any(re.fullmatch(r"\S+: \d+\.\d tok/s, \d+\.\d\d tokens per step \((stop|length)\)", line) for line in lines)
+
+
+def test_generate_with_auto_reports_what_it_chose(tiny_as_embedded: Path) -> None:
+    model = api.load()
+    reply = api.generate(model, "Write a Python function that adds two numbers.", max_tokens=12)
+    assert reply.method in api.methods() and reply.profile == "code"  # detected from the prompt
+    assert reply.finish_reason in ("stop", "length") and reply.stats.generated_tokens == len(reply.token_ids) <= 12
+    assert reply.stats.tokens_per_s > 0
+
+
+def test_every_method_gives_the_greedy_text_of_vanilla(tiny_as_embedded: Path) -> None:
+    model = api.load(dtype="float32")
+    prompt = "List the numbers one two three one two three one two three"
+    plain = api.generate(model, prompt, method="vanilla", max_tokens=16, temperature=0)  # a chat prompt samples by default
+    for method, knobs in (("pld", {"num_draft": 4}), ("suffix", None)):
+        reply = api.generate(model, prompt, method=method, knobs=knobs, max_tokens=16, temperature=0)
+        assert reply.token_ids == plain.token_ids and reply.method == method
+
+
+def test_streaming_yields_the_reply_piece_by_piece(tiny_as_embedded: Path) -> None:
+    model = api.load()
+    stream = api.stream(model, "Say hello.", method="vanilla", max_tokens=10)
+    assert stream.reply is None
+    pieces = list(stream)
+    assert stream.reply is not None and "".join(pieces) == stream.reply.text
+    assert stream.reply.stats.generated_tokens == len(stream.reply.token_ids)
+
+
+def test_a_stream_can_stop_early(tiny_as_embedded: Path) -> None:
+    model = api.load()
+    stream = api.stream(model, "Say hello.", method="vanilla", max_tokens=40)
+    for _ in stream:
+        break
+    reply = stream.cancel()
+    assert reply.finish_reason == "cancelled" and len(reply.token_ids) < 40
+
+
+def test_profile_defaults_fill_what_the_call_leaves_unset(tiny_as_embedded: Path) -> None:
+    from pardec_cli.selection.profiles import load_profiles
+
+    model = api.load()
+    code_default = load_profiles()["code"].sampling.get("max_tokens")
+    reply = api.generate(model, "hi", method="vanilla", profile="code")
+    assert reply.stats.generated_tokens <= (code_default or 256)
+    assert api.generate(model, "hi", method="vanilla", profile="code", max_tokens=3).stats.generated_tokens <= 3
+
+
+def test_errors_are_pardec_errors_with_one_line_messages(tiny_as_embedded: Path) -> None:
+    with pytest.raises(PardecError) as info:
+        api.load("no-such-model-xyz", offline=True)
+    assert "\n" not in info.value.message
+    model = api.load()
+    with pytest.raises(PardecError):
+        api.generate(model, "hi", method="no-such-method")
+    with pytest.raises(PardecError):
+        api.generate(model, "hi", profile="no-such-profile")
