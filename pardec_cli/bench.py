@@ -68,6 +68,7 @@ class Run:
     accepted: int
     token_ids: list[int]
     chosen: str | None = None  # for `auto`: the method and knobs it chose for this prompt
+    switches: int = 0  # times the drafting configuration changed while decoding (method adaptive)
 
 
 def load_prompts(path: Path) -> list[BenchPrompt]:
@@ -139,8 +140,12 @@ def parse_methods(text: str) -> list[MethodChoice]:
             raise PardecUsageError(f"cannot read the method list at {text[pos:]!r} (form: a,b[key=value,...],c)")
         name, knobs = match.group(1), match.group(2)
         if name == AUTO:
-            if knobs:
-                raise PardecUsageError("auto takes no knobs: it chooses them (per prompt)")
+            from pardec_cli.methods.registry import AUTO_OPTIONS
+
+            own = {option.name for option in AUTO_OPTIONS}
+            if knobs and not {k.partition("=")[0].strip() for k in split_knobs(knobs)} <= own:
+                raise PardecUsageError(f"auto takes no knobs but its own ({', '.join(sorted(own))}): it chooses them "
+                                       "(per prompt)")
         else:
             get_spec(name)  # unknown names fail here, before any model is loaded
         options = parse_assignments(split_knobs(knobs)) if knobs else {}
@@ -315,6 +320,7 @@ class Bench:
         self.session = session
         self.max_new_tokens = max_new_tokens
         self.proposers = {c.label: session.build_proposer(c.name, c.options) for c in choices if c.name != AUTO}
+        self._auto_options = {c.label: c.options for c in choices if c.name == AUTO}  # label -> auto's own knobs
         self.labels = [c.label for c in choices]
         # `auto` chooses per prompt (for `profile`, detected from the prompt when "auto"),
         # through the same selector `pardec gen` uses; each choice is built once.
@@ -373,10 +379,10 @@ class Bench:
         if label in self._baseline_of:
             return self._baseline_of[label].run(label, prompt, ids, max_new_tokens)
         chosen = None
-        if label == AUTO:
+        if label in self._auto_options:
             # Choosing is part of what auto costs: it is timed with the generation.
             start = perf_counter()
-            proposer, chosen = self._auto_proposer(prompt.text)
+            proposer, chosen = self._auto_proposer(prompt.text, self._auto_options[label])
         else:
             proposer = self.proposers[label]
             start = perf_counter()
@@ -386,15 +392,19 @@ class Bench:
         seconds = perf_counter() - start
         s = stream.stats
         return Run(label, prompt.prompt_id, prompt.category, s.generated_tokens, seconds, s.steps,
-                   s.drafted_tokens, s.accepted_tokens, stream.token_ids, chosen)
+                   s.drafted_tokens, s.accepted_tokens, stream.token_ids, chosen, s.switches)
 
-    def _auto_proposer(self, text: str) -> tuple[Any, str]:
-        """auto's proposer for this prompt, and the label of what it chose."""
+    def _auto_proposer(self, text: str, options: dict[str, Any]) -> tuple[Any, str]:
+        """auto's proposer for this prompt (run as `planning.auto_method` says), and the label of what it chose."""
+        from pardec_cli.planning import auto_method
+
         assert self.selector is not None
         choice = self.selector.choose(text, self.profile)
-        if choice.label not in self._auto_choices:
-            self._auto_choices[choice.label] = self.session.build_proposer(choice.method, choice.knobs)
-        return self._auto_choices[choice.label], choice.label
+        method, knobs, _ = auto_method(choice, options)
+        key = repr((method, sorted(knobs.items())))
+        if key not in self._auto_choices:
+            self._auto_choices[key] = self.session.build_proposer(method, knobs)
+        return self._auto_choices[key], choice.label
 
 
 @dataclass
@@ -485,8 +495,9 @@ def format_tables(table: dict[str, dict[str, Summary]]) -> str:
 def format_auto_choices(runs: Sequence[Run]) -> str:
     """Per category, what `auto` chose and how often: 'code_edit: suffix[max_nodes=8] x10'."""
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    first = next((r.label for r in runs if r.chosen), None)  # `auto` and `auto[adapt=off]` choose alike
     for r in runs:
-        if r.label == AUTO and r.chosen:
+        if r.label == first and r.chosen:
             counts[r.category][r.chosen] += 1
     if not counts:
         return ""

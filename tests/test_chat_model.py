@@ -110,8 +110,10 @@ def test_auto_asks_the_selector_about_the_last_user_message_with_the_profile_and
     messages = [{"role": "user", "content": "fix this"}, {"role": "assistant", "content": "ok"},
                 {"role": "user", "content": "def f(): pass"}]
     settings = ChatSettings(method="auto", profile="code", temperature=0.7)
-    assert method_for_reply(session, settings, messages) == ("pld", {"num_draft": 4})
+    assert method_for_reply(session, settings, messages) == (
+        "adaptive", {"arms": "pld[num_draft=4] | pld[num_draft=2] | vanilla"})  # checked while decoding
     assert asked == [("def f(): pass", "code", False)]
+    assert method_for_reply(session, settings.with_method("auto", {"adapt": "off"}), messages) == ("pld", {"num_draft": 4})
 
 
 def test_auto_takes_no_knobs():

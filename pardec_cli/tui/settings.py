@@ -115,11 +115,14 @@ def _parse_setting(key: str, raw: Any) -> Any:
 def check_method(name: str, options: Mapping[str, Any]) -> None:
     """Raise PardecUsageError unless `name` is a method and `options` are knobs it has."""
     from pardec_cli.methods.options import resolve_options
-    from pardec_cli.methods.registry import get_spec
+    from pardec_cli.methods.registry import AUTO_OPTIONS, get_spec
 
     if name == AUTO:
-        if options:
-            raise PardecUsageError("with method auto the knobs are chosen too; name a method to set them")
+        own = {option.name for option in AUTO_OPTIONS}
+        if set(options) - own:
+            raise PardecUsageError(f"with method auto the knobs are chosen too (auto's own: {', '.join(sorted(own))}); "
+                                   "name a method to set them")
+        resolve_options(AUTO, AUTO_OPTIONS, options)
         return
     spec = get_spec(name)
     if "+" not in name:  # a combination routes its knobs to its parts when it is built
@@ -142,10 +145,14 @@ def method_for_reply(session: Any, settings: ChatSettings,
     The one place where the chat chooses how to decode (the model loader, every reply,
     and so the status lines and the saved conversation follow it): the method the user
     picked, or with "auto" the selector's choice for the last user message (its task
-    detected when the profile is "auto"), greedy or sampled as the settings say.
+    detected when the profile is "auto"), greedy or sampled as the settings say, run
+    as `planning.auto_method` says (adaptive unless adapt=off).
     """
+    from pardec_cli.planning import auto_method
+
     if settings.method != AUTO:
         return settings.method, dict(settings.options)
     last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
     choice = session.auto_selector().choose(last_user, settings.profile, greedy=settings.temperature == 0)
-    return choice.method, dict(choice.knobs)
+    method, knobs, _ = auto_method(choice, settings.options)
+    return method, knobs
