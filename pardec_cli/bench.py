@@ -71,6 +71,7 @@ class Run:
     accepted: int
     token_ids: list[int]
     chosen: str | None = None  # for `auto`: the method and knobs it chose for this prompt
+    switches: int = 0  # times the drafting configuration changed while decoding (method adaptive)
 
 
 def builtin_prompts_text() -> str:
@@ -156,8 +157,12 @@ def parse_methods(text: str) -> list[MethodChoice]:
             raise PardecUsageError(f"cannot read the method list at {text[pos:]!r} (form: a,b[key=value,...],c)")
         name, knobs = match.group(1), match.group(2)
         if name == AUTO:
-            if knobs:
-                raise PardecUsageError("auto takes no knobs: it chooses them (per prompt)")
+            from pardec_cli.methods.registry import AUTO_OPTIONS
+
+            own = {option.name for option in AUTO_OPTIONS}
+            if knobs and not {k.partition("=")[0].strip() for k in split_knobs(knobs)} <= own:
+                raise PardecUsageError(f"auto takes no knobs but its own ({', '.join(sorted(own))}): it chooses them "
+                                       "(per prompt)")
         else:
             get_spec(name)  # unknown names fail here, before any model is loaded
         options = parse_assignments(split_knobs(knobs)) if knobs else {}
@@ -332,20 +337,24 @@ class Bench:
         self.session = session
         self.max_new_tokens = max_new_tokens
         self.proposers = {c.label: session.build_proposer(c.name, c.options) for c in choices if c.name != AUTO}
+        self._auto_options = {c.label: c.options for c in choices if c.name == AUTO}  # label -> auto's own knobs
         self.labels = [c.label for c in choices]
         # `auto` is planned per prompt by `planning`, as `pardec gen` plans it (for `profile`,
         # detected from the prompt when "auto"; `drafters` offered to it as --draft-model
         # offers them), with every setting fixed: one token budget, greedy, for all rows.
         # Each choice is built once.
         self.profile = profile
-        self.planner = None
+        self.planners: dict[str, Any] = {}  # label of an auto row -> its planner
         if any(c.name == AUTO for c in choices):
             from pardec_cli.engine.sampling_params import SamplingParams
             from pardec_cli.planning import ALL_SETTINGS, Planner, Settings
 
             settings = Settings(max_tokens=max_new_tokens, sampling=SamplingParams(), stop=(), system=None, raw=False)
-            self.planner = Planner(session, method=AUTO, options={}, profile=profile, settings=settings,
-                                   user_set=ALL_SETTINGS, drafters=drafters, apply=False)
+            self.planners = {
+                label: Planner(session, method=AUTO, options=options, profile=profile, settings=settings,
+                               user_set=ALL_SETTINGS, drafters=drafters, apply=False)
+                for label, options in self._auto_options.items()
+            }
         self._auto_choices: dict[str, Any] = {}
         self.baselines = list(baselines)
         self._baseline_of = {label: b for b in self.baselines for label in b.labels}
@@ -404,10 +413,10 @@ class Bench:
         if label in self._baseline_of:
             return self._baseline_of[label].run(label, prompt, ids, max_new_tokens)
         chosen = None
-        if label == AUTO:
+        if label in self._auto_options:
             # Choosing is part of what auto costs: it is timed with the generation.
             start = perf_counter()
-            proposer, chosen = self._auto_proposer(prompt.text)
+            proposer, chosen = self._auto_proposer(prompt.text, label)
         else:
             proposer = self.proposers[label]
             start = perf_counter()
@@ -417,15 +426,16 @@ class Bench:
         seconds = perf_counter() - start
         s = stream.stats
         return Run(label, prompt.prompt_id, prompt.category, s.generated_tokens, seconds, s.steps,
-                   s.drafted_tokens, s.accepted_tokens, stream.token_ids, chosen)
+                   s.drafted_tokens, s.accepted_tokens, stream.token_ids, chosen, s.switches)
 
-    def _auto_proposer(self, text: str) -> tuple[Any, str]:
-        """auto's proposer for this prompt, and the label of what it chose."""
-        assert self.planner is not None
-        plan = self.planner.plan(text)
+    def _auto_proposer(self, text: str, label: str) -> tuple[Any, str]:
+        """auto's proposer for this prompt (as `planning` plans it for the row `label`,
+        with that row's own knobs such as adapt=off), and the label of what auto chose."""
+        plan = self.planners[label].plan(text)
         if plan.label not in self._auto_choices:
             self._auto_choices[plan.label] = self.session.build_proposer(plan.method, plan.knobs)
-        return self._auto_choices[plan.label], plan.label
+        chosen = plan.choice.label if plan.choice is not None else plan.label
+        return self._auto_choices[plan.label], chosen
 
 
 @dataclass
@@ -572,8 +582,9 @@ def format_tables(table: dict[str, dict[str, Summary]]) -> str:
 def format_auto_choices(runs: Sequence[Run]) -> str:
     """Per category, what `auto` chose and how often: 'code_edit: suffix[max_nodes=8] x10'."""
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    first = next((r.label for r in runs if r.chosen), None)  # `auto` and `auto[adapt=off]` choose alike
     for r in runs:
-        if r.label == AUTO and r.chosen:
+        if r.label == first and r.chosen:
             counts[r.category][r.chosen] += 1
     if not counts:
         return ""

@@ -14,7 +14,9 @@ Per prompt: the profile is the one given, or detected from the text (`-P auto`);
 samples (temperature above 0, as the chat profile does), the model's own recommended
 settings (`recommended_sampling`: its generation_config.json) replace the profile's
 generic temperature, top_p and top_k; the method is the one given, or auto's choice for
-the text, the profile and greedy or sampled decoding. Torch-free until a selector is built.
+the text, the profile and greedy or sampled decoding, run by default as method
+`adaptive` over the choice at two sizes and plain decoding (`auto_method`; `-O
+adapt=off` keeps the choice). Torch-free until a selector is built.
 """
 
 from __future__ import annotations
@@ -134,9 +136,38 @@ def plan_reply(
         if selector is None:
             raise ValueError("method auto needs a selector")
         choice = replace(selector.choose(text, name, greedy=settings.sampling.greedy), task=task)
-        return Plan(settings, choice.method, dict(choice.knobs), name, tuple(choice.reasons()), choice)
+        method, knobs, adapt_lines = auto_method(choice, options)
+        return Plan(settings, method, knobs, name, (*choice.reasons(), *adapt_lines), choice)
     given = f"{name} (detected: {'; '.join(task.reasons)})" if task else f"{name} (given)"
     return Plan(settings, method, dict(options), name, (f"method    {method} (given)", f"profile   {given}"))
+
+
+def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str, Any], list[str]]:
+    """How auto's `choice` (a `selection.selector.Choice`) is run, given auto's own knobs
+    (`methods.registry.AUTO_OPTIONS`): (method, knobs, lines for --explain).
+
+    With `adapt` on (the default) as method `adaptive`, whose arms are the choice at two
+    sizes and plain decoding: the choice runs first and keeps running while it measures
+    fastest. When auto expects nothing to beat plain decoding, plain decoding runs first
+    and the best other candidate gets a chance to prove the estimate wrong.
+    """
+    from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, arms_for
+    from pardec_cli.methods.options import resolve_options
+    from pardec_cli.methods.registry import AUTO_OPTIONS
+
+    method, knobs = choice.method, dict(choice.knobs)
+    if not resolve_options(AUTO, AUTO_OPTIONS, options)["adapt"]:
+        return method, knobs, []
+    if method == "vanilla":
+        other = next((e for e in choice.ranking if e.method != "vanilla"), None)
+        if other is None:
+            return method, knobs, []
+        arms = ["vanilla", arm_label(other.method, other.knobs)]
+    else:
+        arms = arms_for(method, knobs)
+    line = (f"adapt     while decoding, switch among {', '.join(arms)} by measured tokens/s "
+            f"(-O adapt=off keeps {arm_label(method, knobs)})")
+    return "adaptive", {"arms": f" {ARM_SEPARATOR} ".join(arms)}, [line]
 
 
 def profile_settings(settings: Settings, profile: Any, user_set: Collection[str],

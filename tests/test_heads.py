@@ -110,7 +110,7 @@ def test_eagle_trees_equal_drafting_each_path_one_token_at_a_time(heads_for, met
     context = prompt + hf_greedy(model, prompt, 12)
     n = len(context) - 1
     with torch.no_grad():
-        features = env.target.forward_features(context[:-1], env.target.new_cache(), proposer.feature_layers)[1]
+        features = env.target.forward_features(context[:-1], env.target.new_cache(), proposer.needs().feature_layers)[1]
     proposer.start(StartContext(env.target, tuple(prompt), SamplingParams(), None))
     proposer.prefilled(features)
     draft = proposer.propose(context, 10)

@@ -63,8 +63,13 @@ def test_auto_plans_carry_the_selectors_choice(session) -> None:
     plan = plan_reply(CODE_PROMPT, method=AUTO, options={}, profile=AUTO, settings=greedy(),
                       user_set=ALL_SETTINGS, profiles=load_profiles(), selector=session.auto_selector())
     assert plan.profile == "code"  # detected from the prompt
-    assert plan.choice is not None and plan.label == plan.choice.label
-    assert (plan.method, plan.knobs) == (plan.choice.method, dict(plan.choice.knobs))
+    assert plan.choice is not None
+    # By default auto runs its choice adaptively: the choice is the first arm.
+    assert plan.method == "adaptive" and plan.knobs["arms"].startswith(plan.choice.label)
+    fixed = plan_reply(CODE_PROMPT, method=AUTO, options={"adapt": "off"}, profile=AUTO, settings=greedy(),
+                       user_set=ALL_SETTINGS, profiles=load_profiles(), selector=session.auto_selector())
+    assert fixed.label == fixed.choice.label
+    assert (fixed.method, fixed.knobs) == (fixed.choice.method, dict(fixed.choice.knobs))
 
 
 def test_the_session_keeps_one_selector_per_set_of_drafters(session) -> None:
@@ -86,15 +91,14 @@ def test_benchs_auto_rows_are_planned_as_gen_plans_them(session) -> None:
     gen = Planner(session, method=AUTO, options={}, profile=AUTO, settings=greedy(6), user_set=ALL_SETTINGS,
                   apply=False)
     chosen = {r.prompt_id: r.chosen for r in runs if r.label == AUTO}
-    assert chosen == {p.prompt_id: gen.plan(p.text).label for p in prompts}
+    assert chosen == {p.prompt_id: gen.plan(p.text).choice.label for p in prompts}  # auto's choice, run adaptively
 
 
 def test_bench_offers_the_drafters_it_was_given_to_auto(session) -> None:
     from pardec_cli.bench import Bench, MethodChoice
 
     with Bench(session, [MethodChoice("auto", AUTO)], max_new_tokens=6, drafters=["./no-such-drafter"]) as bench:
-        assert bench.planner is not None
-        assert bench.planner.selector is session.auto_selector(("./no-such-drafter",))
+        assert bench.planners[AUTO].selector is session.auto_selector(("./no-such-drafter",))
 
 
 def test_a_planner_that_does_not_apply_leaves_the_sessions_method_alone(session) -> None:

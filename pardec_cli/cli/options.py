@@ -180,11 +180,17 @@ def build_method_options(
 
     options: dict[str, Any] = parse_assignments(method_opts)
     if method == AUTO:
-        if options:
+        from pardec_cli.methods.options import resolve_options
+        from pardec_cli.methods.registry import AUTO_OPTIONS
+
+        auto_knobs = {option.name for option in AUTO_OPTIONS}
+        if set(options) - auto_knobs:
             raise PardecUsageError(
-                "-O sets a knob of a named method; with --method auto the knobs are chosen too",
+                "-O sets a knob of a named method; with --method auto the knobs are chosen too "
+                f"(auto's own: {', '.join(sorted(auto_knobs))})",
                 hint="name the method (--method pld -O num_draft=8), or see auto's choice with --explain",
             )
+        resolve_options(AUTO, AUTO_OPTIONS, options)  # a bad value fails before the model loads
         return options  # --draft-model, if any, is a drafter auto may use
     if draft_model:
         if method != "draft":

@@ -97,6 +97,12 @@ def stats_lines(method: str, knobs: dict[str, Any], where: str, s: Any, finish_r
         f"steps       {s.steps}, {s.mean_tokens_per_step:.2f} tokens per step, "
         f"{s.acceptance_rate:.0%} of {s.drafted_tokens} drafted tokens accepted",
     ]
+    if s.arms:  # a method that switched configurations while decoding (adaptive)
+        lines.append(f"switches    {s.switches}")
+        for label, arm in s.arms.items():
+            rate = arm.tokens / arm.seconds if arm.seconds > 0 else 0.0
+            lines.append(f"  {label}: {arm.steps} steps, {arm.tokens / arm.steps:.2f} tokens per step, "
+                         f"{arm.seconds:.2f} s, {rate:.1f} tok/s")
     return lines
 
 

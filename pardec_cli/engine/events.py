@@ -35,6 +35,16 @@ class StepEvent:
     verify_s: float
     elapsed_s: float  # since the generation started (prefill included)
     finish_reason: str | None = None
+    arm: str = ""  # the configuration that drafted this step, when the method switches between several
+
+
+@dataclass
+class ArmTotals:
+    """What one configuration of a switching method (`StepEvent.arm`) did in a generation."""
+
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
 
 
 @dataclass
@@ -51,6 +61,11 @@ class GenerationStats:
     propose_s: float = 0.0
     verify_s: float = 0.0
     accepted_per_step: list[int] = field(default_factory=list, repr=False)
+    # Methods that switch configurations while decoding (adaptive): steps, tokens and time
+    # per configuration, in order of first use, and how often the configuration changed.
+    arms: dict[str, ArmTotals] = field(default_factory=dict)
+    switches: int = 0
+    last_arm: str = field(default="", repr=False)
 
     def add(self, event: StepEvent) -> None:
         """Fold one step event into the totals."""
@@ -65,6 +80,14 @@ class GenerationStats:
         self.drafted_tokens += event.drafted
         self.accepted_tokens += event.accepted
         self.accepted_per_step.append(event.accepted)
+        if event.arm:
+            if self.last_arm and event.arm != self.last_arm:
+                self.switches += 1
+            self.last_arm = event.arm
+            totals = self.arms.setdefault(event.arm, ArmTotals())
+            totals.steps += 1
+            totals.tokens += len(event.tokens)
+            totals.seconds += event.propose_s + event.verify_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -95,6 +118,12 @@ class GenerationStats:
         """JSON-ready summary (without the per-step list)."""
         data = asdict(self)
         data.pop("accepted_per_step")
+        data.pop("last_arm")
+        if not self.arms:  # a method that does not switch: the document stays as it was
+            data.pop("arms"), data.pop("switches")
+        else:
+            data["arms"] = {label: {"steps": a.steps, "tokens": a.tokens, "seconds": round(a.seconds, 5)}
+                            for label, a in self.arms.items()}
         data.update(
             tokens_per_s=round(self.tokens_per_s, 3),
             decode_tokens_per_s=round(self.decode_tokens_per_s, 3),

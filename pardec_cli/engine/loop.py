@@ -13,10 +13,11 @@ A chain is the one-branch tree: it runs without a custom mask (the model's own c
 mask is the tree mask of a chain) and its kept path is a prefix, so compaction is a
 crop. Everything else is the same code for chains and trees.
 
-Methods that read the target's hidden states (Medusa, EAGLE) say which in
-`feature_layers`; the same forwards then return them (no second pass), and the loop
-hands those of the prompt to `proposer.prefilled` and those of the root and the kept
-path to `proposer.update` (`Outcome.features`). Other methods pay nothing for it.
+What a proposer needs beyond the verdict it says once in `proposer.needs()`: the
+target's top next tokens per verified position (Jacobi, lookahead, recycling), or its
+hidden states (Medusa, EAGLE), which the same forwards return (no second pass): those of
+the prompt go to `proposer.prefilled`, those of the root and the kept path to
+`proposer.update` (`Outcome.features`). Other methods pay nothing for it.
 
 Invariant: the cache holds every context token except the last one, which is fed as
 the first input of the next step. So a step that keeps `a` drafted tokens leaves
@@ -67,8 +68,9 @@ def decode(
         max_new_tokens = min(max_new_tokens, limit - len(prompt_ids))
     eos = frozenset(eos_token_ids)
     generator = make_generator(sampling, target.device)
-    top_k = min(int(getattr(proposer, "feedback_top_k", 0) or 0), target.vocab_size)
-    layers = tuple(getattr(proposer, "feature_layers", ()) or ())
+    needs = proposer.needs()
+    top_k = min(needs.top_k, target.vocab_size)
+    layers = needs.feature_layers
     if layers:
         target.check_feature_layers(layers)
 
@@ -86,7 +88,7 @@ def decode(
         cache = target.new_cache(len(prompt_ids) + max_new_tokens)
         if layers:
             logits, features = target.forward_features(prompt_ids, cache, layers, last_only=True)  # [1, V], [P, F]
-            proposer.prefilled(features)  # type: ignore[attr-defined]
+            proposer.prefilled(features)
         else:
             logits = target.forward(prompt_ids, cache, last_only=True)  # [1, V]
         if proposer.needs_rollback:
@@ -96,7 +98,8 @@ def decode(
     produced = 1
     finish = _finish_reason((first,), produced, max_new_tokens, eos)
     now = perf_counter()
-    yield StepEvent(0, (first,), 0, 0, 0.0, now - start, now - start, finish)
+    yield StepEvent(index=0, tokens=(first,), drafted=0, accepted=0, propose_s=0.0, verify_s=now - start,
+                    elapsed_s=now - start, finish_reason=finish)
 
     step = 0
     while finish is None:
@@ -120,7 +123,9 @@ def decode(
                 rows = torch.tensor([0, *(node + 1 for node in verdict.path)], device=features.device)
                 features = features.index_select(0, rows)
             outcome = Outcome(
-                verdict.accepted, verdict.path, top_tokens, tuple(inputs) if top_k else (), top_tokens, features
+                accepted=verdict.accepted, path=verdict.path, top_tokens=top_tokens, features=features,
+                # Alone, a proposer's draft is all of the step's inputs (a combination splits them).
+                step_inputs=tuple(inputs) if top_k else (), step_top_tokens=top_tokens,
             )
             tokens = verdict.tokens
             context.extend(tokens)
@@ -129,7 +134,8 @@ def decode(
         produced += len(tokens)
         t2 = perf_counter()
         accepted = min(verdict.accepted, len(tokens))
-        yield StepEvent(step, tokens, len(draft.tokens), accepted, t1 - t0, t2 - t1, t2 - start, finish)
+        yield StepEvent(index=step, tokens=tokens, drafted=len(draft.tokens), accepted=accepted, propose_s=t1 - t0,
+                        verify_s=t2 - t1, elapsed_s=t2 - start, finish_reason=finish, arm=draft.arm)
     del cache
 
 

@@ -37,6 +37,9 @@ class Draft:
     tokens: tuple[int, ...] = ()
     probs: torch.Tensor | None = None
     parents: tuple[int, ...] | None = None
+    #: Which configuration drafted it, when a proposer switches between several
+    #: (`methods.adaptive`); the loop copies it into the step's event. Empty otherwise.
+    arm: str = ""
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -69,7 +72,7 @@ class Outcome:
     accepted: how many drafted tokens were kept; path: their node indices, root first
     (a chain keeps (0, ..., accepted-1)).
 
-    For proposers that set `feedback_top_k` (else these are None / empty):
+    For proposers whose `needs().top_k` is above 0 (else these are None / empty):
     top_tokens: [k+1, top_k] long, the target's most likely next tokens, best first,
     after the root (row 0) and after each node of this draft (row i+1), kept or not:
     Jacobi and lookahead iterate on them. step_inputs / step_top_tokens: every input of
@@ -77,7 +80,7 @@ class Outcome:
     unless the draft was one part of a combination, whose other parts' nodes the target
     scored too: token recycling learns from all of them.
 
-    For proposers that set `feature_layers` (else None):
+    For proposers whose `needs().feature_layers` name some (else None):
     features: [1 + accepted, F], the target's hidden states (as `feature_layers` asks) at
     the root and at each kept node, root first: the positions whose next token became
     known in this step (the last row produced the target's own next token). Medusa reads
@@ -93,6 +96,32 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Needs:
+    """What a proposer asks the loop to compute for it, beyond the verdict (read once per generation).
+
+    top_k: how many of the target's top next tokens per verified position go into
+    `Outcome.top_tokens` / `step_top_tokens` (0: none, and nothing is computed).
+    feature_layers: the target's hidden states the proposer reads (indices into
+    transformers' `hidden_states`: 0 the embeddings, i the input of layer i, -1 the final
+    normed state; see `LanguageModel.forward_features`). The loop takes them from its own
+    forwards (no second pass): those of every prompt position once, to
+    `Proposer.prefilled(features [P, F])`, and those of the kept path in `Outcome.features`.
+    """
+
+    top_k: int = 0
+    feature_layers: tuple[int, ...] = ()
+
+    @classmethod
+    def union(cls, needs: Sequence[Needs]) -> Needs:
+        """What a proposer wrapping others needs: the widest top-k, every layer any of them reads."""
+        layers = tuple(dict.fromkeys(layer for need in needs for layer in need.feature_layers))
+        return cls(max((need.top_k for need in needs), default=0), layers)
+
+
+NO_NEEDS = Needs()
+
+
+@dataclass(frozen=True)
 class StartContext:
     """What a proposer learns once per generation, before the first step."""
 
@@ -103,26 +132,32 @@ class StartContext:
 
 
 class Proposer(Protocol):
-    """A decoding method. Implementations live in `pardec_cli.methods`."""
+    """A decoding method. Implementations live in `pardec_cli.methods` (their base class
+    `methods.base.ProposerBase` gives `needs`, `prefilled` and `needs_rollback` defaults).
+
+    The loop calls, per generation: `needs()` once, `start`, `prefilled` (only when
+    `needs().feature_layers` names some), then per step `propose` and, right after the
+    target verified that draft, `update`. A proposer wrapping others (`methods.combine`,
+    `methods.adaptive`) may also call a part's `update` with `EMPTY_DRAFT` for a step
+    that part did not draft: it then only learns the new context (and `step_inputs`,
+    `step_top_tokens`, `features`, which describe the step whoever drafted it).
+    """
 
     #: Registry name, e.g. "pld".
     name: str
     #: False only for methods that never draft (vanilla): they run on caches that
     #: cannot be rolled back.
     needs_rollback: bool
-    # Optional attribute `feedback_top_k: int`: how many of the target's top next tokens
-    # per verified position the proposer wants in its Outcome (absent or 0: none, and
-    # nothing is computed).
-    # Optional attribute `feature_layers: tuple[int, ...]`: the target's hidden states the
-    # proposer reads (indices into transformers' `hidden_states`: 0 the embeddings, i the
-    # input of layer i, -1 the final normed state; see `LanguageModel.forward_features`).
-    # The loop then takes them from its own forwards (no second pass) and hands them over:
-    # those of every prompt position once, to the method `prefilled(features [P, F])`,
-    # which such a proposer must have, and those of the kept path in `Outcome.features`.
-    # Proposers without the attribute pay nothing.
+
+    def needs(self) -> Needs:
+        """What the loop must compute for this proposer (`NO_NEEDS`: nothing)."""
 
     def start(self, ctx: StartContext) -> None:
         """Reset per-generation state. Called before the prefill."""
+
+    def prefilled(self, features: torch.Tensor) -> None:
+        """The prompt's hidden states [P, F] (the layers `needs().feature_layers` names),
+        once, right after the prefill; not called when it names none."""
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         """Guess what follows `context` (prompt + output so far): a chain of at most

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pardec_cli.engine.model import LanguageModel
+from pardec_cli.engine.proposal import NO_NEEDS, Needs
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,20 @@ class MethodEnv:
     find_heads: Callable[[str], Path | None] | None = None
     model_name: str = "the model"
     heads_notes: Callable[[Path], Mapping[str, Any]] | None = None
+
+
+class ProposerBase:
+    """Defaults of the proposer contract (`engine.proposal.Proposer`): a method drafts, so
+    it needs a cache that can be rolled back; it asks the loop for nothing more than the
+    verdict; it ignores the prompt's hidden states. Methods override what they need."""
+
+    needs_rollback = True
+
+    def needs(self) -> Needs:
+        return NO_NEEDS
+
+    def prefilled(self, features: Any) -> None:
+        """Called only for proposers whose `needs()` names feature layers."""
 
 
 class AdaptiveLength:

@@ -18,24 +18,26 @@ from typing import Any
 
 import torch
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, Proposer, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, Proposer, StartContext
 from pardec_cli.engine.tree import TreeBuilder
 from pardec_cli.errors import PardecUsageError
+from pardec_cli.methods.base import ProposerBase
 
 
-class Combined:
+class Combined(ProposerBase):
     """The union of its parts' drafts, as one tree."""
-
-    needs_rollback = True
 
     def __init__(self, name: str, parts: Sequence[Proposer]) -> None:
         if len(parts) < 2:
             raise PardecUsageError(f"a combined method needs at least two parts, got {name!r}")
         self.name = name
         self.parts = list(parts)
-        self.feedback_top_k = max(int(getattr(part, "feedback_top_k", 0) or 0) for part in self.parts)
+        self._needs = Needs.union([part.needs() for part in self.parts])
         self._drafts: list[Draft] = []
         self._node_ids: list[list[int | None]] = []  # per part: its node i -> merged node id
+
+    def needs(self) -> Needs:
+        return self._needs
 
     def start(self, ctx: StartContext) -> None:
         for part in self.parts:
@@ -53,6 +55,8 @@ class Combined:
         return builder.draft() if len(builder) else EMPTY_DRAFT
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
+        if not draft.tokens:  # nothing merged this step (or a wrapper ran another proposer)
+            self._drafts, self._node_ids = [EMPTY_DRAFT] * len(self.parts), [[] for _ in self.parts]
         for part, own, ids in zip(self.parts, self._drafts, self._node_ids):
             part.update(context, own, self._own_outcome(part, ids, outcome))
 
@@ -64,12 +68,13 @@ class Combined:
                 break
             path.append(own_id[merged])
         top = None
-        want = int(getattr(part, "feedback_top_k", 0) or 0)
+        want = part.needs().top_k
         if want and outcome.top_tokens is not None:
             # Rows: the root, then the part's nodes (each node is in the merged tree: nothing is capped).
             rows = torch.tensor([0, *(merged + 1 for merged in ids)], device=outcome.top_tokens.device)
             top = outcome.top_tokens.index_select(0, rows)[:, :want]
-        return Outcome(len(path), tuple(path), top, outcome.step_inputs, outcome.step_top_tokens)
+        return Outcome(accepted=len(path), path=tuple(path), top_tokens=top, step_inputs=outcome.step_inputs,
+                       step_top_tokens=outcome.step_top_tokens)
 
     def knobs(self) -> dict[str, Any]:
         return {f"{part.name}.{key}": value for part in self.parts for key, value in part.knobs().items()}

@@ -12,15 +12,14 @@ from typing import Any
 
 from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.methods.base import AdaptiveLength, MethodEnv
+from pardec_cli.methods.base import AdaptiveLength, MethodEnv, ProposerBase
 from pardec_cli.methods.drafter import ModelDrafter
 
 
-class DraftModel:
+class DraftModel(ProposerBase):
     """Chain drafts from a small model; draft length adapts to recent acceptance."""
 
     name = "draft"
-    needs_rollback = True
 
     def __init__(
         self, env: MethodEnv, *, model: str | None, k: int, min_k: int, max_k: int, adaptive: bool

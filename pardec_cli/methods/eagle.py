@@ -25,21 +25,20 @@ from typing import Any
 
 import torch
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.heads.eagle import DraftCache, EagleDrafter, eagle3_feature_layers, load_eagle
 from pardec_cli.heads.vocab import DraftVocab
-from pardec_cli.methods.base import MethodEnv
+from pardec_cli.methods.base import MethodEnv, ProposerBase
 from pardec_cli.methods.heads_support import draft_vocabulary, heads_notes, locate_heads, with_prompt_tokens
 
 
-class Eagle:
+class Eagle(ProposerBase):
     """Dynamic draft trees from an EAGLE-1/2 head."""
 
     name = "eagle"
     kind = "eagle"
     version = 1
-    needs_rollback = True
 
     def __init__(
         self, env: MethodEnv, *, heads: str, topk: int, depth: int, nodes: int, draft_vocab: int = -1
@@ -75,6 +74,9 @@ class Eagle:
         if self.vocab_ids is not None:
             ids = with_prompt_tokens(self.vocab_ids, ctx.prompt_ids, int(self.lm_head.shape[0]))
             self.vocab = DraftVocab.restricted(self.lm_head, ids)
+
+    def needs(self) -> Needs:
+        return Needs(feature_layers=self.feature_layers)
 
     def prefilled(self, features: torch.Tensor) -> None:
         self._pending = [features]

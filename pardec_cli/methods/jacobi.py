@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.methods.base import MethodEnv
+from pardec_cli.methods.base import MethodEnv, ProposerBase
 
 
 class Successors:
@@ -39,12 +39,10 @@ class Successors:
         return guesses
 
 
-class Jacobi:
+class Jacobi(ProposerBase):
     """Chain drafts: the window of the previous Jacobi iteration, verified each step."""
 
     name = "jacobi"
-    needs_rollback = True
-    feedback_top_k = 1  # the target's argmax after every window token: the next iteration
 
     def __init__(self, env: MethodEnv, *, window: int) -> None:
         del env
@@ -64,6 +62,9 @@ class Jacobi:
             return EMPTY_DRAFT
         self.successors.extend_to(context)
         return Draft(tuple(self.successors.fill(self.guesses[:k], context[-1], k)))
+
+    def needs(self) -> Needs:
+        return Needs(top_k=1)  # the target's argmax after every window token: the next iteration
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         # Row a+1 is the target's next token after the first rejected guess, which sits

@@ -17,7 +17,7 @@ import torch
 from pardec_cli.engine.model import LanguageModel
 from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.methods.base import AdaptiveLength, MethodEnv
+from pardec_cli.methods.base import AdaptiveLength, MethodEnv, ProposerBase
 from pardec_cli.methods.drafter import ModelDrafter
 
 
@@ -91,11 +91,10 @@ def shallow_view(model: Any, layers: list[int]) -> Any:
     return view.eval()
 
 
-class LayerSkip:
+class LayerSkip(ProposerBase):
     """Chain drafts from the target's own early layers; draft length adapts to acceptance."""
 
     name = "layerskip"
-    needs_rollback = True
 
     def __init__(
         self, env: MethodEnv, *, layers: int, layer_list: str, k: int, min_k: int, max_k: int, adaptive: bool

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, StartContext
 from pardec_cli.engine.tree import ROOT, TreeBuilder
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.methods.base import MethodEnv
+from pardec_cli.methods.base import MethodEnv, ProposerBase
 from pardec_cli.methods.jacobi import Successors
 
 
@@ -48,12 +48,10 @@ class NgramPool:
         return list(reversed(grams))[:count] if grams else []
 
 
-class Lookahead:
+class Lookahead(ProposerBase):
     """Tree drafts: pooled n-grams plus the Jacobi window, both verified in one forward."""
 
     name = "lookahead"
-    needs_rollback = True
-    feedback_top_k = 1
 
     def __init__(self, env: MethodEnv, *, window: int, ngram: int, guesses: int, prompt_pool: bool) -> None:
         del env
@@ -94,6 +92,9 @@ class Lookahead:
             above = self.cells[-1]
             self.cells.append([builder.child(node, token) for node, token in zip(above, level)])
         return builder.draft() if len(builder) else EMPTY_DRAFT
+
+    def needs(self) -> Needs:
+        return Needs(top_k=1)  # the target's argmax after every window cell: the next level
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         if not len(draft):

@@ -14,15 +14,18 @@ offered).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, StartContext
 from pardec_cli.engine.tree import ROOT, TreeBuilder
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.heads.medusa import load_medusa
-from pardec_cli.methods.base import MethodEnv
+from pardec_cli.methods.base import MethodEnv, ProposerBase
 from pardec_cli.methods.heads_support import draft_vocabulary, heads_notes, locate_heads, with_prompt_tokens
 from pardec_cli.methods.recycling import tree_template
+
+if TYPE_CHECKING:
+    import torch
 
 # Medusa's default tree for Vicuna-7B (FasterDecoding/Medusa, medusa_choices.py): each
 # entry is a path of per-head ranks, most often accepted first.
@@ -56,12 +59,10 @@ def sparse_template(paths: Sequence[tuple[int, ...]], nodes: int, depth: int, wi
     return template
 
 
-class Medusa:
+class Medusa(ProposerBase):
     """Tree drafts from Medusa heads' top-k guesses."""
 
     name = "medusa"
-    needs_rollback = True
-    feature_layers = (-1,)  # the final, normed hidden state
 
     def __init__(
         self, env: MethodEnv, *, heads: str, tree: str, nodes: int, width: int, depth: int, draft_vocab: int
@@ -91,7 +92,10 @@ class Medusa:
         if self.vocab_ids is not None:
             self.heads.use_vocab(with_prompt_tokens(self.vocab_ids, ctx.prompt_ids, self.vocab_size))
 
-    def prefilled(self, features) -> None:
+    def needs(self) -> Needs:
+        return Needs(feature_layers=(-1,))  # the final, normed hidden state
+
+    def prefilled(self, features: torch.Tensor) -> None:
         self._state = features[-1]
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:

@@ -23,7 +23,7 @@ from typing import Any
 from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.engine.tree import TreeBuilder
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.methods.base import MethodEnv
+from pardec_cli.methods.base import MethodEnv, ProposerBase
 
 
 PREFER_FIRST, PREFER_RECENT = "first", "recent"
@@ -108,11 +108,10 @@ class MultiNgramIndex:
         return found
 
 
-class PromptLookup:
+class PromptLookup(ProposerBase):
     """Chain drafts copied from the context; no model, no extra memory beyond an index."""
 
     name = "pld"
-    needs_rollback = True
 
     def __init__(
         self, env: MethodEnv, *, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = PREFER_FIRST,

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, StartContext
 from pardec_cli.engine.tree import ROOT, TreeBuilder
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.methods.base import MethodEnv
+from pardec_cli.methods.base import MethodEnv, ProposerBase
 
 RANK_PRIOR_FIRST, RANK_PRIOR_DECAY = 0.5, 0.55
 
@@ -56,18 +56,16 @@ def tree_template(nodes: int, depth: int, topk: int) -> list[tuple[int, int]]:
     return template
 
 
-class TokenRecycling:
+class TokenRecycling(ProposerBase):
     """Tree drafts read from an adjacency table of the target's recent top-k predictions."""
 
     name = "recycling"
-    needs_rollback = True
 
     def __init__(self, env: MethodEnv, *, topk: int, nodes: int, depth: int) -> None:
         if topk < 1 or nodes < 1 or depth < 1:
             raise PardecUsageError(f"recycling needs topk, nodes and depth >= 1, got {topk}, {nodes}, {depth}")
         topk = min(topk, env.target.vocab_size)
         self.topk, self.nodes, self.depth = topk, nodes, depth
-        self.feedback_top_k = topk
         self.template = tree_template(nodes, depth, topk)
         # table[t]: the target's top-k next tokens the last time t was an input (-1: unknown).
         self.table = np.full((env.target.vocab_size, topk), -1, dtype=np.int32)
@@ -95,6 +93,9 @@ class TokenRecycling:
             node_of.append(builder.child(above, token) if token >= 0 else None)
             token_of.append(token)
         return builder.draft() if len(builder) else EMPTY_DRAFT
+
+    def needs(self) -> Needs:
+        return Needs(top_k=self.topk)  # every input's fresh row of the table
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         # Every input of the step (in a combination, the other parts' nodes too) gets its fresh row.

@@ -40,6 +40,9 @@ class MethodSpec:
     # `auto` can choose among several; None when the method finds its own.
     accelerator_option: str | None = None
     combinable: bool = False  # drafts deterministically without a second model: may join a `+` combination
+    # The knob that sets how many tokens a step verifies (nodes, draft length): adaptive
+    # decoding runs auto's choice at a few values of it (`methods.adaptive.arms_for`).
+    size_option: str | None = None
 
 
 _ADAPTIVE_DRAFT = (
@@ -81,6 +84,7 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("branches", int, 1, "earlier matches to draft from, as a tree (1: a chain)", search=(1, 2, 4)),
             ),
             combinable=True,
+            size_option="num_draft",
         ),
         MethodSpec(
             "draft",
@@ -89,6 +93,7 @@ METHODS: dict[str, MethodSpec] = {
             (MethodOption("model", str, None, "the draft model (alias, Hub id or directory)"), *_ADAPTIVE_DRAFT),
             accelerator="drafter",
             accelerator_option="model",
+            size_option="max_k",
         ),
         MethodSpec(
             "layerskip",
@@ -99,6 +104,7 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("layer_list", str, "", "explicit draft layers, e.g. '0-5,8,11' (must include 0)"),
                 *_ADAPTIVE_DRAFT,
             ),
+            size_option="max_k",
         ),
         MethodSpec(
             "jacobi",
@@ -106,6 +112,7 @@ METHODS: dict[str, MethodSpec] = {
             "pardec_cli.methods.jacobi:Jacobi",
             (MethodOption("window", int, 8, "guessed tokens verified per step", search=(2, 3, 4, 6, 8, 12)),),
             combinable=True,
+            size_option="window",
         ),
         MethodSpec(
             "lookahead",
@@ -118,6 +125,7 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("prompt_pool", bool, True, "also pool the n-grams of the prompt and the output"),
             ),
             combinable=True,
+            size_option="guesses",
         ),
         MethodSpec(
             "recycling",
@@ -129,6 +137,7 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("depth", int, 6, "longest path in the tree", search=(3, 4, 5, 6, 8, 10)),
             ),
             combinable=True,
+            size_option="nodes",
         ),
         MethodSpec(
             "suffix",
@@ -143,6 +152,7 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("history_tokens", int, 16384, "tokens of this method's earlier outputs to match too (0: none)"),
             ),
             combinable=True,
+            size_option="max_nodes",
         ),
         MethodSpec(
             "medusa",
@@ -157,6 +167,7 @@ METHODS: dict[str, MethodSpec] = {
                 _DRAFT_VOCAB,
             ),
             accelerator="medusa",
+            size_option="nodes",
         ),
         MethodSpec(
             "eagle",
@@ -164,6 +175,7 @@ METHODS: dict[str, MethodSpec] = {
             "pardec_cli.methods.eagle:Eagle",
             (*_EAGLE_OPTIONS, _DRAFT_VOCAB),
             accelerator="eagle",
+            size_option="nodes",
         ),
         MethodSpec(
             "eagle3",
@@ -171,9 +183,29 @@ METHODS: dict[str, MethodSpec] = {
             "pardec_cli.methods.eagle:Eagle3",
             _EAGLE_OPTIONS,
             accelerator="eagle3",
+            size_option="nodes",
+        ),
+        MethodSpec(
+            "adaptive",
+            "switch while decoding among a few configurations (arms) by their measured tokens per second",
+            "pardec_cli.methods.adaptive:Adaptive",
+            (
+                MethodOption("arms", str, "", "the configurations, 'METHOD[KNOB=VALUE,...] | ...' (auto: its choice "
+                             "at two sizes | vanilla)"),
+                MethodOption("dwell", int, 8, "steps the fastest arm runs between decisions"),
+                MethodOption("probe", int, 3, "steps another arm runs to be measured"),
+                MethodOption("reprobe", int, 40, "steps after which an idle arm is measured again"),
+                MethodOption("margin", float, 0.05, "how much faster (a share) an arm must measure to take over"),
+            ),
         ),
     )
 }
+
+# `--method auto`'s own knobs (-O adapt=off): what it does with its choice.
+AUTO_OPTIONS = (
+    MethodOption("adapt", bool, True, "check the choice while decoding: switch between it at two sizes and plain "
+                 "decoding by measured tokens/s (method adaptive); off: keep the choice for the whole reply"),
+)
 
 
 def method_names() -> list[str]:

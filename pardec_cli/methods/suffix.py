@@ -23,7 +23,7 @@ from typing import Any
 from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
 from pardec_cli.engine.tree import ROOT, TreeBuilder
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.methods.base import MethodEnv
+from pardec_cli.methods.base import MethodEnv, ProposerBase
 
 _STRIDE = 1 << 32  # edge key = node * _STRIDE + token
 
@@ -133,11 +133,10 @@ class History:
         self.trie.extend(output)
 
 
-class SuffixDrafting:
+class SuffixDrafting(ProposerBase):
     """Tree drafts: the most frequent continuations of the context's longest earlier match."""
 
     name = "suffix"
-    needs_rollback = True
 
     def __init__(
         self, env: MethodEnv, *, depth: int, max_match: int, factor: float, max_nodes: int, min_prob: float,

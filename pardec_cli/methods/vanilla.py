@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
-from pardec_cli.methods.base import MethodEnv
+from pardec_cli.methods.base import MethodEnv, ProposerBase
 
 
-class Vanilla:
+class Vanilla(ProposerBase):
     """One token per target forward; the reference every other method must match."""
 
     name = "vanilla"

@@ -212,13 +212,15 @@ def parse_extension(ext: Any) -> tuple[str, dict[str, Any], str]:
         raise ApiError(400, "'pardec.method' and 'pardec.profile' must be strings, 'pardec.knobs' an object",
                        param="pardec")
     try:
+        from pardec_cli.methods.options import resolve_options
+        from pardec_cli.methods.registry import AUTO_OPTIONS, get_spec
+
         if method == AUTO:
-            if knobs:
-                raise ApiError(400, "with method auto the knobs are chosen too; name a method to set them",
-                               param="pardec.knobs")
+            if set(knobs) - {option.name for option in AUTO_OPTIONS}:
+                raise ApiError(400, "with method auto the knobs are chosen too (its own: adapt); name a method to "
+                               "set them", param="pardec.knobs")
+            resolve_options(AUTO, AUTO_OPTIONS, knobs)
         else:
-            from pardec_cli.methods.options import resolve_options
-            from pardec_cli.methods.registry import get_spec
 
             spec = get_spec(method)
             if "+" not in method:  # a combination routes its knobs to its parts when it is built

@@ -245,6 +245,9 @@ def format_numbers(stats: dict[str, Any], finish_reason: str | None = None, *, c
         parts.append(f"{stats.get('tokens_per_s', 0):.1f} tok/s")
         if stats.get("steps", 1):
             parts.append(f"{stats.get('mean_tokens_per_step', 0):.2f} tok/step")
+        if stats.get("arms"):  # adaptive: how often it switched, and what ran most
+            most = max(stats["arms"].items(), key=lambda kv: kv[1]["steps"])[0]
+            parts.append(f"{stats.get('switches', 0)} switches, mostly {most}")
         parts.append(f"TTFT {stats.get('ttft_s', 0) * 1000:.0f} ms")
         parts.append(f"{stats.get('generated_tokens', 0)} {'tok' if compact else 'tokens'}")
     if finish_reason:

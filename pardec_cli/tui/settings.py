@@ -171,11 +171,14 @@ def _parse_setting(key: str, raw: Any) -> Any:
 def check_method(name: str, options: Mapping[str, Any]) -> None:
     """Raise PardecUsageError unless `name` is a method and `options` are knobs it has."""
     from pardec_cli.methods.options import resolve_options
-    from pardec_cli.methods.registry import get_spec
+    from pardec_cli.methods.registry import AUTO_OPTIONS, get_spec
 
     if name == AUTO:
-        if options:
-            raise PardecUsageError("with method auto the knobs are chosen too; name a method to set them")
+        own = {option.name for option in AUTO_OPTIONS}
+        if set(options) - own:
+            raise PardecUsageError(f"with method auto the knobs are chosen too (auto's own: {', '.join(sorted(own))}); "
+                                   "name a method to set them")
+        resolve_options(AUTO, AUTO_OPTIONS, options)
         return
     spec = get_spec(name)
     if "+" not in name:  # a combination routes its knobs to its parts when it is built

@@ -179,6 +179,7 @@ TABLE: dict[str, Row] = {
     "recycling": NotOnVllm(
         "vLLM has no token recycling (a tree from the target's earlier top-k tokens)", "suffix", "suffix",
     ),
+    "adaptive": NotOnVllm("vLLM keeps one speculative_config per engine; it cannot switch while decoding", "pld", "ngram"),
 }
 
 

@@ -1,0 +1,254 @@
+"""Adaptive decoding: switch while decoding among a few configurations (arms) by measured speed.
+
+`--method auto` chooses a configuration per prompt from a cost model and priors; this
+proposer checks that choice on the job. Its arms are full proposers (by default auto's
+choice at its size and at half of it, plus plain decoding); each step one arm drafts and
+the loop verifies as always, so the output is what any arm alone gives: greedy stays
+token-for-token exact, sampling keeps the target's distribution. Only the speed changes.
+
+The policy (`SwitchPolicy`, see docs/adaptive.md): per arm, a discounted ratio of tokens
+emitted to seconds spent (the step's drafting, target forward, verification and update,
+timed between `propose` and the end of `update`). The incumbent (first: auto's choice)
+runs `dwell` steps; an arm never measured, or idle for `reprobe` steps, then gets a short
+`probe`; after each run the fastest measured arm becomes the incumbent if it beats the
+current one by more than `margin` (hysteresis: measurement noise does not flip-flop).
+
+Arms that are not drafting stay consistent: every arm's `update` is called every step,
+the idle ones with `EMPTY_DRAFT` and the step's shared facts (the new context, the
+target's top tokens at every input, hidden states of the kept positions), as a `+`
+combination feeds a part that drafted nothing. Their indexes catch up lazily (suffix
+tries, n-gram indexes, drafter caches) or learn from every step (recycling's table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, Proposer, StartContext
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.methods.base import ProposerBase
+
+if TYPE_CHECKING:
+    from pardec_cli.methods.base import MethodEnv
+
+ARM_SEPARATOR = "|"
+# Per observation, older steps of an arm weigh this much less: its estimate follows the
+# last ~7 steps it ran (acceptance changes as the text moves from copying to new prose).
+DECAY = 0.85
+# A re-probed arm's old evidence weighs this much against its fresh steps: the text has
+# moved on since it was measured (a translation that turns to copying names).
+STALE = 0.25
+# The sizes auto's choice runs at, as shares of the size it chose (plus plain decoding).
+SIZES = (1.0, 0.5)
+
+
+@dataclass
+class ArmStats:
+    """One arm's running estimate: discounted sums of tokens emitted and seconds spent."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0  # steps it ran in this generation
+    last_step: int = -1  # the policy step it last ran
+
+    @property
+    def rate(self) -> float:
+        """Estimated tokens per second (0 until measured)."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class SwitchPolicy:
+    """Which arm drafts the next step. Pure: observations in, arm indices out (no clock)."""
+
+    def __init__(self, arms: int, *, dwell: int, probe: int, reprobe: int, margin: float, decay: float = DECAY) -> None:
+        if arms < 1 or dwell < 1 or probe < 1 or reprobe < 1 or margin < 0:
+            raise PardecUsageError(
+                f"adaptive needs dwell, probe and reprobe >= 1 and margin >= 0, got {dwell}, {probe}, {reprobe}, {margin}"
+            )
+        self.size, self.dwell, self.probe, self.reprobe, self.margin, self.decay = arms, dwell, probe, reprobe, margin, decay
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a new generation): arm 0 is the incumbent again."""
+        self.stats = [ArmStats() for _ in range(self.size)]
+        self.incumbent = self.current = 0
+        self.step = 0
+        self._left = 0  # steps left in the current run
+
+    def next_arm(self) -> int:
+        """The arm that drafts the next step."""
+        self.step += 1
+        if self._left == 0:
+            self.current, self._left = self._decide()
+        self._left -= 1
+        self.stats[self.current].last_step = self.step
+        return self.current
+
+    def observe(self, arm: int, tokens: int, seconds: float) -> None:
+        """A step of `arm` emitted `tokens` tokens in `seconds`."""
+        s = self.stats[arm]
+        s.tokens = s.tokens * self.decay + tokens
+        s.seconds = s.seconds * self.decay + max(seconds, 1e-9)
+        s.steps += 1
+
+    def _decide(self) -> tuple[int, int]:
+        """(arm, steps to run it) at the end of a run."""
+        for i, s in enumerate(self.stats):
+            if s.steps == 0:  # measure every arm once, the incumbent first
+                return i, self.dwell if i == self.incumbent else self.probe
+        best = max(range(self.size), key=lambda i: self.stats[i].rate)
+        if self.stats[best].rate > self.stats[self.incumbent].rate * (1 + self.margin):
+            self.incumbent = best
+        idle = [i for i in range(self.size) if i != self.incumbent and self.step - self.stats[i].last_step > self.reprobe]
+        if idle:  # the text may have changed since it lost: look again, briefly
+            arm = min(idle, key=lambda i: self.stats[i].last_step)
+            self.stats[arm].tokens *= STALE
+            self.stats[arm].seconds *= STALE
+            return arm, self.probe
+        return self.incumbent, self.dwell
+
+
+class Adaptive(ProposerBase):
+    """Runs one of its arms per step, chosen by `SwitchPolicy` from their measured speed."""
+
+    name = "adaptive"
+
+    def __init__(
+        self, env: MethodEnv, *, arms: str, dwell: int, probe: int, reprobe: int, margin: float,
+        clock: Callable[[], float] = perf_counter,
+    ) -> None:
+        from pardec_cli.methods.registry import create
+
+        specs = parse_arms(arms)
+        if len(specs) < 2:
+            raise PardecUsageError(
+                f"adaptive needs at least two arms, got {arms!r}",
+                hint="e.g. -O 'arms=pld[num_draft=8] | pld[num_draft=4] | vanilla'",
+            )
+        if any(method == self.name for _, method, _ in specs):
+            raise PardecUsageError("an arm of adaptive cannot be adaptive itself")
+        self.labels = [label for label, _, _ in specs]
+        self.arms: list[Proposer] = [create(method, knobs, env) for _, method, knobs in specs]
+        self._arm_needs = [arm.needs() for arm in self.arms]
+        layers = {n.feature_layers for n in self._arm_needs if n.feature_layers}
+        if len(layers) > 1:
+            raise PardecUsageError("the arms of adaptive must read the same hidden states of the target")
+        self._needs = Needs.union(self._arm_needs)
+        self.needs_rollback = any(arm.needs_rollback for arm in self.arms)
+        self.policy = SwitchPolicy(len(self.arms), dwell=dwell, probe=probe, reprobe=reprobe, margin=margin)
+        self.clock = clock  # injectable: tests drive the policy with a fake clock
+        self._active = 0
+        self._started = 0.0
+
+    @property
+    def active(self) -> str:
+        """The label of the arm that drafted the last step."""
+        return self.labels[self._active]
+
+    def needs(self) -> Needs:
+        return self._needs
+
+    def start(self, ctx: StartContext) -> None:
+        self.policy.reset()
+        for arm in self.arms:
+            arm.start(ctx)
+
+    def prefilled(self, features: Any) -> None:
+        for arm, needs in zip(self.arms, self._arm_needs):
+            if needs.feature_layers:
+                arm.prefilled(features)
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        self._active = self.policy.next_arm()
+        self._started = self.clock()
+        return replace(self.arms[self._active].propose(context, max_tokens), arm=self.labels[self._active])
+
+    def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
+        # What every idle arm learns: nothing of its own was drafted, the context moved on.
+        idle = Outcome(
+            accepted=0, top_tokens=None if outcome.top_tokens is None else outcome.top_tokens[:1],
+            step_inputs=outcome.step_inputs, step_top_tokens=outcome.step_top_tokens, features=outcome.features,
+        )
+        for i, (arm, needs) in enumerate(zip(self.arms, self._arm_needs)):
+            own = outcome if i == self._active else idle
+            arm.update(context, draft if i == self._active else EMPTY_DRAFT, _narrowed(own, needs))
+        # The step's cost: this proposer's propose, the target's forward and verification, every arm's update.
+        self.policy.observe(self._active, outcome.accepted + 1, self.clock() - self._started)
+
+    def knobs(self) -> dict[str, Any]:
+        p = self.policy
+        return {"arms": f" {ARM_SEPARATOR} ".join(self.labels), "dwell": p.dwell, "probe": p.probe,
+                "reprobe": p.reprobe, "margin": p.margin}
+
+
+def _narrowed(outcome: Outcome, needs: Needs) -> Outcome:
+    """`outcome` as an arm that asked for `needs` expects it (top-k width, features or not)."""
+    top, step_top = outcome.top_tokens, outcome.step_top_tokens
+    changes: dict[str, Any] = {}
+    if not needs.top_k:
+        if top is not None or step_top is not None:
+            changes.update(top_tokens=None, step_top_tokens=None, step_inputs=())
+    elif step_top is not None and step_top.shape[-1] > needs.top_k:
+        changes.update(top_tokens=None if top is None else top[:, : needs.top_k], step_top_tokens=step_top[:, : needs.top_k])
+    if not needs.feature_layers and outcome.features is not None:
+        changes["features"] = None
+    return replace(outcome, **changes) if changes else outcome
+
+
+def parse_arms(text: str) -> list[tuple[str, str, dict[str, str]]]:
+    """'pld[num_draft=8] | vanilla' -> [(label, method, knobs)] (knob values parsed when built)."""
+    from pardec_cli.methods.options import parse_assignments
+
+    arms = []
+    for item in text.split(ARM_SEPARATOR):
+        label = item.strip()
+        if not label:
+            continue
+        name, bracket, rest = label.partition("[")
+        if bracket and not rest.endswith("]"):
+            raise PardecUsageError(f"cannot read the arm {label!r} (form: METHOD[KNOB=VALUE,...])")
+        pieces: list[str] = []
+        for piece in rest[:-1].split(",") if bracket else []:
+            if "=" in piece or not pieces:
+                pieces.append(piece)
+            else:  # a comma inside a value (layer_list=0-5,8)
+                pieces[-1] += "," + piece
+        arms.append((label, name.strip(), parse_assignments([p for p in pieces if p.strip()])))
+    return arms
+
+
+def arm_label(method: str, knobs: dict[str, Any]) -> str:
+    """'pld[num_draft=8]' (knobs sorted), or the bare name without knobs."""
+    if not knobs:
+        return method
+    text = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(knobs.items()))
+    return f"{method}[{text}]"
+
+
+def arms_for(method: str, knobs: dict[str, Any], sizes: Sequence[float] = SIZES) -> list[str]:
+    """The arms that check one configuration while decoding: it at each of `sizes` (shares
+    of its size knob, `MethodSpec.size_option`; repeats dropped) and plain decoding."""
+    from pardec_cli.methods.registry import get_spec
+
+    if method == "vanilla":
+        return ["vanilla"]
+    arms = []
+    for share in sizes:
+        if share == 1:
+            arms.append(arm_label(method, knobs))
+            continue
+        sized = dict(knobs)
+        for part in method.split("+"):
+            option = get_spec(part).size_option
+            if option is None:
+                continue
+            key = f"{part}.{option}" if "+" in method else option
+            current = sized.get(key, sized.get(option))
+            if current is None:
+                current = next(o.default for o in get_spec(part).options if o.name == option)
+            sized[key] = max(1, round(int(current) * share))
+        arms.append(arm_label(method, sized))
+    return [*dict.fromkeys(arms), "vanilla"]

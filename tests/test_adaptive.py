@@ -1,0 +1,295 @@
+"""Adaptive decoding (`--method auto`'s default): switching configurations while decoding.
+
+The policy is tested with injected timings, the proposer through the real loop on tiny
+float32 models with a fake clock (so switches happen where the test wants them, and no
+assert reads the wall clock): the output stays token-for-token that of HF generate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from pardec_cli.engine.events import GenerationStats, StepEvent
+from pardec_cli.engine.loop import decode
+from pardec_cli.engine.sampling import SamplingParams
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.methods import registry
+from pardec_cli.methods.adaptive import SwitchPolicy, arms_for, parse_arms
+from pardec_cli.planning import auto_method
+from tests.cli_helpers import invoke
+from tests.stats_helpers import chi_square_p_value
+from tests.test_exactness import hf_greedy, make_env, random_prompt
+from tests.tiny_models import peaked, tiny_llama
+
+# -- the policy, with injected timings -----------------------------------------------
+
+
+def drive(policy: SwitchPolicy, steps: int, cost) -> list[int]:
+    """Run `steps` steps; `cost(arm, step)` -> (tokens, seconds). Returns the arm of each step."""
+    ran = []
+    for step in range(steps):
+        arm = policy.next_arm()
+        policy.observe(arm, *cost(arm, step))
+        ran.append(arm)
+    return ran
+
+
+def test_the_incumbent_runs_first_then_every_other_arm_is_measured_briefly():
+    policy = SwitchPolicy(3, dwell=4, probe=2, reprobe=100, margin=0.05)
+    ran = drive(policy, 8, lambda arm, step: (2, 1.0))
+    assert ran == [0, 0, 0, 0, 1, 1, 2, 2]
+
+
+def test_a_slow_arm_loses_to_a_faster_one_and_the_winner_keeps_running():
+    policy = SwitchPolicy(2, dwell=4, probe=2, reprobe=100, margin=0.05)
+    # Arm 0 emits 3 tokens per step but a step costs 1 s: 3 tok/s against arm 1's 10 tok/s.
+    ran = drive(policy, 30, lambda arm, step: (3, 1.0) if arm == 0 else (1, 0.1))
+    assert ran[:6] == [0, 0, 0, 0, 1, 1]
+    assert set(ran[6:]) == {1}, "10 tok/s beats 3 tok/s: arm 1 takes over"
+    assert policy.incumbent == 1
+
+
+def test_an_arm_within_the_margin_does_not_take_over():
+    policy = SwitchPolicy(2, dwell=4, probe=2, reprobe=100, margin=0.10)
+    ran = drive(policy, 30, lambda arm, step: (2, 1.0) if arm == 0 else (2, 0.95))  # 5% faster: noise
+    assert ran[6:] == [0] * 24
+
+
+def test_a_dropped_arm_is_measured_again_and_wins_when_the_text_changes():
+    policy = SwitchPolicy(2, dwell=4, probe=2, reprobe=10, margin=0.05)
+
+    def cost(arm, step):  # arm 0 (speculation) is slow on the first 20 steps, fast after (the text turns to copying)
+        if arm == 1:
+            return 1, 0.1
+        return (1, 0.3) if step < 20 else (5, 0.12)
+
+    ran = drive(policy, 60, cost)
+    assert ran[6:14] == [1] * 8, "plain decoding takes over early"
+    assert 0 in ran[14:20], "speculation is measured again"
+    assert policy.incumbent == 0 and ran[40:].count(0) > 3 * ran[40:].count(1), "and wins back"
+
+
+def test_bad_policy_settings_are_usage_errors():
+    with pytest.raises(PardecUsageError):
+        SwitchPolicy(2, dwell=0, probe=1, reprobe=1, margin=0.1)
+
+
+# -- the proposer through the loop, with a fake clock -----------------------------------
+
+
+class ArmClock:
+    """A fake clock: a step drafted by arm LABEL (the arms' i-th) takes `cost(label, i, step)` seconds.
+
+    The adaptive proposer reads the clock when it proposes and when its update ends.
+    """
+
+    def __init__(self, cost) -> None:
+        self.cost, self.now, self.calls, self.proposer = cost, 0.0, 0, None
+
+    def __call__(self) -> float:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            label = self.proposer.active
+            self.now += self.cost(label, self.proposer.labels.index(label), self.calls // 2)
+        return self.now
+
+
+def adaptive_run(arms: str, target, prompt, *, cost, max_new_tokens: int = 48, eos=(), drafter=None, **policy):
+    env = make_env(target, drafter)
+    proposer = registry.create("adaptive", {"arms": arms, "dwell": 2, "probe": 1, "reprobe": 4, **policy}, env)
+    proposer.clock = clock = ArmClock(cost)
+    clock.proposer = proposer
+    events = list(decode(env.target, proposer, prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos))
+    stats = GenerationStats()
+    for event in events:
+        stats.add(event)
+    return [t for e in events for t in e.tokens], events, stats
+
+
+def flipping(label: str, index: int, step: int) -> float:
+    """Every arm is the fastest for a while, in turn: forces many switches."""
+    return 0.1 if index % 3 == (step // 5) % 3 else 1.0
+
+
+ARM_CASES = [
+    "pld[num_draft=6] | pld[num_draft=2] | vanilla",
+    "suffix+recycling[recycling.nodes=8,suffix.max_nodes=8] | recycling[nodes=4] | vanilla",
+    "lookahead[window=4,guesses=3] | jacobi[window=4] | vanilla",
+    "layerskip[layers=1] | draft[model=drafter,k=2] | vanilla",
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("sharp", [True, False], ids=["peaked", "flat"])
+@pytest.mark.parametrize("arms", ARM_CASES)
+def test_greedy_output_equals_hf_generate_while_switching(arms, sharp, seed):
+    target, drafter = tiny_llama(seed), tiny_llama(seed + 100, layers=2)
+    if sharp:
+        target, drafter = peaked(target), peaked(drafter)
+    prompt = random_prompt(seed)
+    tokens, events, stats = adaptive_run(arms, target, prompt, cost=flipping, drafter=drafter)
+    assert tokens == hf_greedy(target, prompt, 48)
+    assert stats.switches >= 3, "the fake clock must make it switch"
+    assert {e.arm for e in events[1:]} == {label for label, _, _ in parse_arms(arms)}
+
+
+@pytest.mark.parametrize("limit", [1, 5, 13])
+def test_eos_and_the_token_limit_inside_a_switching_generation(limit):
+    target = peaked(tiny_llama(5))
+    prompt = random_prompt(5)
+    free_run = hf_greedy(target, prompt, 40)
+    tokens, _, _ = adaptive_run(ARM_CASES[0], target, prompt, cost=flipping, max_new_tokens=limit)
+    assert tokens == free_run[:limit]
+    eos = free_run[17]
+    tokens, events, _ = adaptive_run(ARM_CASES[1], target, prompt, cost=flipping, max_new_tokens=40, eos=(eos,))
+    assert tokens == free_run[: free_run.index(eos) + 1] and events[-1].finish_reason == "eos"
+
+
+def test_a_slow_arm_is_dropped_for_plain_decoding():
+    target = peaked(tiny_llama(3))
+    prompt = random_prompt(3)
+    # Speculation emits more tokens per step here, but each of its steps costs 20x a plain one.
+    tokens, events, stats = adaptive_run(
+        "pld[num_draft=8] | vanilla", target, prompt, cost=lambda label, i, step: 2.0 if label != "vanilla" else 0.1,
+        max_new_tokens=60, dwell=4, probe=2, reprobe=1000,
+    )
+    assert tokens == hf_greedy(target, prompt, 60)
+    arms = [e.arm for e in events[1:]]
+    assert arms[:4] == ["pld[num_draft=8]"] * 4 and arms[4] == "vanilla"
+    assert set(arms[4:]) == {"vanilla"} and stats.switches == 1
+    assert stats.arms["vanilla"].steps == len(arms) - 4
+
+
+def test_a_fast_arm_is_kept():
+    target = peaked(tiny_llama(3))
+    prompt = random_prompt(3)
+    _, events, stats = adaptive_run("pld[num_draft=8] | vanilla", target, prompt, cost=lambda label, i, step: 0.1,
+                                    max_new_tokens=60, dwell=4, probe=2, reprobe=1000)
+    assert stats.arms["vanilla"].steps == 2, "measured once, then dropped: never more per step than pld at the same cost"
+    assert stats.switches == 2
+
+
+def test_arms_must_be_two_and_not_adaptive_themselves():
+    env = make_env(tiny_llama(0))
+    with pytest.raises(PardecUsageError, match="at least two arms"):
+        registry.create("adaptive", {"arms": "pld"}, env)
+    with pytest.raises(PardecUsageError, match="cannot be adaptive"):
+        registry.create("adaptive", {"arms": "adaptive[arms=pld] | vanilla"}, env)
+    with pytest.raises(PardecUsageError, match="has no option"):
+        registry.create("adaptive", {"arms": "pld[nodes=3] | vanilla"}, env)
+
+
+def test_sampled_generations_follow_the_target_distribution_while_switching():
+    from tests.test_sampling import PROMPT, SAMPLING, VOCAB, _exact_joint
+
+    assert SAMPLING.temperature == 1.0
+    target = peaked(tiny_llama(11, vocab=VOCAB, layers=2), scale=3.0)
+    env = make_env(target)
+    proposer = registry.create(
+        "adaptive", {"arms": "recycling[topk=3,nodes=6,depth=2] | pld[min_ngram=1,max_ngram=1] | vanilla",
+                     "dwell": 1, "probe": 1, "reprobe": 1}, env)
+    proposer.clock = clock = ArmClock(flipping)
+    clock.proposer = proposer
+    counts: Counter = Counter()
+    arms = Counter()
+    for i in range(800):
+        events = list(decode(env.target, proposer, PROMPT, max_new_tokens=3, sampling=SamplingParams(temperature=1.0, seed=i)))
+        counts[tuple(t for e in events for t in e.tokens)] += 1
+        arms.update(e.arm for e in events[1:])
+    assert len(arms) >= 2, "it switched arms (a 3-token reply has at most 3 steps: the third arm rarely comes)"
+    assert chi_square_p_value(counts, _exact_joint(target, 3)) > 0.001
+
+
+# -- statistics -------------------------------------------------------------------------
+
+
+def test_stats_count_switches_and_time_per_arm():
+    stats = GenerationStats()
+    for index, (arm, tokens, seconds) in enumerate([("", 1, 0.1), ("a", 3, 0.2), ("a", 1, 0.2), ("b", 1, 0.1), ("a", 2, 0.2)]):
+        stats.add(StepEvent(index=index, tokens=(7,) * tokens, drafted=2, accepted=tokens - 1, propose_s=0.0,
+                            verify_s=seconds, elapsed_s=0.0, arm=arm))
+    assert stats.switches == 2
+    assert (stats.arms["a"].steps, stats.arms["a"].tokens, round(stats.arms["a"].seconds, 6)) == (3, 6, 0.6)
+    assert stats.to_dict()["arms"]["b"] == {"steps": 1, "tokens": 1, "seconds": 0.1}
+    plain = GenerationStats()
+    plain.add(StepEvent(index=0, tokens=(1,), drafted=0, accepted=0, propose_s=0, verify_s=0, elapsed_s=0))
+    assert "arms" not in plain.to_dict() and "switches" not in plain.to_dict()
+
+
+# -- auto's arms ------------------------------------------------------------------------
+
+
+def test_arms_are_the_choice_at_its_size_and_half_of_it_then_plain_decoding():
+    assert arms_for("pld", {"num_draft": 8}) == ["pld[num_draft=8]", "pld[num_draft=4]", "vanilla"]
+    assert arms_for("recycling", {}) == ["recycling", "recycling[nodes=16]", "vanilla"]
+    assert arms_for("suffix+recycling", {"recycling.depth": 4, "recycling.nodes": 8, "suffix.max_nodes": 8}) == [
+        "suffix+recycling[recycling.depth=4,recycling.nodes=8,suffix.max_nodes=8]",
+        "suffix+recycling[recycling.depth=4,recycling.nodes=4,suffix.max_nodes=4]",
+        "vanilla",
+    ]
+    assert arms_for("pld", {"num_draft": 1}) == ["pld[num_draft=1]", "vanilla"]
+    assert parse_arms("layerskip[layer_list=0-5,8,k=2] | vanilla") == [
+        ("layerskip[layer_list=0-5,8,k=2]", "layerskip", {"layer_list": "0-5,8", "k": "2"}), ("vanilla", "vanilla", {})]
+
+
+def choice(method, knobs, ranking=()):
+    return SimpleNamespace(method=method, knobs=knobs, ranking=tuple(ranking))
+
+
+def test_auto_runs_its_choice_adaptively_unless_adapt_is_off():
+    method, knobs, lines = auto_method(choice("pld", {"num_draft": 8}), {})
+    assert (method, knobs) == ("adaptive", {"arms": "pld[num_draft=8] | pld[num_draft=4] | vanilla"})
+    assert lines and lines[0].startswith("adapt     ")
+    assert auto_method(choice("pld", {"num_draft": 8}), {"adapt": "off"}) == ("pld", {"num_draft": 8}, [])
+    with pytest.raises(PardecUsageError, match="adapt"):
+        auto_method(choice("pld", {}), {"adapt": "sometimes"})
+
+
+def test_when_auto_expects_nothing_to_pay_plain_decoding_runs_first_and_the_best_other_may_prove_it_wrong():
+    ranking = [SimpleNamespace(method="vanilla", knobs={}), SimpleNamespace(method="pld", knobs={"num_draft": 4})]
+    assert auto_method(choice("vanilla", {}, ranking), {})[:2] == ("adaptive", {"arms": "vanilla | pld[num_draft=4]"})
+    assert auto_method(choice("vanilla", {}, ranking[:1]), {})[:2] == ("vanilla", {})
+
+
+# -- through the CLI ----------------------------------------------------------------------
+
+CODE_PROMPT = "Write a Python function that returns the largest of three numbers."
+
+
+def gen(model, *args):
+    return invoke(["gen", "-m", str(model), "--dtype", "float32", "--raw", *args])
+
+
+def test_gen_auto_is_adaptive_and_shows_its_arms_and_switches(tiny_cli_model):
+    result = gen(tiny_cli_model, "-n", "24", "--jsonl", "--stats", "--explain", CODE_PROMPT)
+    assert result.exit_code == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    steps, final = lines[:-1], lines[-1]
+    assert final["method"] == "adaptive" and " | vanilla" in final["knobs"]["arms"]
+    assert all(s["arm"] for s in steps if s["step"] > 0)
+    assert set(final["stats"]["arms"]) == {s["arm"] for s in steps if s["step"] > 0}
+    assert any(line.startswith("adapt     while decoding, switch among ") for line in result.stderr.splitlines())
+    assert any(line.startswith("switches    ") for line in result.stderr.splitlines())
+    plain = gen(tiny_cli_model, "-n", "24", "--json", "--method", "vanilla", CODE_PROMPT)
+    assert json.loads(plain.stdout)["text"] == final["text"]
+
+
+def test_adapt_off_keeps_auto_s_choice_and_a_bad_value_is_a_usage_error(tiny_cli_model):
+    result = gen(tiny_cli_model, "-n", "8", "--json", "-O", "adapt=off", CODE_PROMPT)
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["method"] not in ("adaptive", "auto") and "arms" not in record["stats"]
+    bad = gen(tiny_cli_model, "-n", "8", "-O", "adapt=sometimes", CODE_PROMPT)
+    assert bad.exit_code == 2 and "adapt" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bench_runs_auto_with_and_without_adapt_side_by_side():
+    from pardec_cli.bench import parse_methods
+
+    assert [c.label for c in parse_methods("auto,auto[adapt=off]")] == ["auto", "auto[adapt=off]"]
+    with pytest.raises(PardecUsageError, match="auto takes no knobs"):
+        parse_methods("auto[k=4]")
