@@ -141,7 +141,7 @@ def test_a_user_who_never_tunes_gets_the_configuration_use_measured_fastest() ->
 
 def generate(session, method: str = "pld", **kwargs) -> None:
     session.set_method(method)
-    for _ in session.stream(session.encode("w5 w6 w7 w5 w6 w7 w5 w6"), max_new_tokens=24, **kwargs):
+    for _ in session.stream(session.encode("w5 w6 w7 w5 w6 w7 w5 w6"), max_new_tokens=64, **kwargs):
         pass
 
 

@@ -47,7 +47,7 @@ from pardec_cli.statefile import MapOf, Optional
 FORMAT = 1
 WINDOW = 32  # rows kept per (model, hardware, dtype, profile, method): recent use counts
 MAX_KEYS = 256  # keys kept in all; the least recently updated go first
-MIN_STEPS = 4  # a generation shorter than this says nothing about a method's speed
+MIN_STEPS = 16  # shorter generations (warm-ups, one-line replies) say little about a method's speed
 ROW_FIELDS = ("tokens", "steps", "drafted", "decode_s", "propose_s", "verify_s", "base_steps", "base_s")
 _RESET = "delete it (pardec starts learning afresh), or set learn = false in config.toml"
 VANILLA = "vanilla"

@@ -124,21 +124,22 @@ class TunedResults:
 
 
 def measurements(profile: TunedProfile) -> list[Measurement]:
-    """Tune's candidates for one profile as measurements, best first, each with the spread
-    of its per-prompt speed-ups (its tokens/s over vanilla's on the same prompt)."""
+    """Tune's candidates for one profile as measurements (canonical labels), best first."""
+    found = [candidate_measurement(profile, c) for c in profile.candidates if c.method != "vanilla"]
+    return sorted(found, key=lambda m: -m.speedup)
+
+
+def candidate_measurement(profile: TunedProfile, candidate: TunedCandidate) -> Measurement:
+    """One candidate as a measurement, with the spread of its per-prompt speed-ups (its
+    tokens/s over vanilla's on the same prompt, from the profile's raw runs)."""
     from pardec_cli.selection.learned import Measurement, spread
 
     vanilla = {r.prompt: r for r in profile.runs if r.label == "vanilla" and r.seconds > 0}
-    found = []
-    for c in profile.candidates:
-        if c.method == "vanilla":
-            continue
-        label = _canonical_label(c)
-        per_prompt = [(r.tokens / r.seconds) / (vanilla[r.prompt].tokens / vanilla[r.prompt].seconds)
-                      for r in profile.runs if r.label == c.label and r.prompt in vanilla and r.seconds > 0]
-        low, high = spread(per_prompt) if per_prompt else (c.speedup, c.speedup)
-        found.append(Measurement(label, c.speedup, max(c.prompts, 1), c.tokens_per_step, low, high, "tune"))
-    return sorted(found, key=lambda m: -m.speedup)
+    per_prompt = [(r.tokens / r.seconds) / (vanilla[r.prompt].tokens / vanilla[r.prompt].seconds)
+                  for r in profile.runs if r.label == candidate.label and r.prompt in vanilla and r.seconds > 0]
+    low, high = spread(per_prompt) if per_prompt else (candidate.speedup, candidate.speedup)
+    return Measurement(_canonical_label(candidate), candidate.speedup, max(candidate.prompts, 1),
+                       candidate.tokens_per_step, low, high, "tune")
 
 
 def _canonical_label(candidate: TunedCandidate) -> str:

@@ -74,8 +74,9 @@ def candidate_pool(
     accelerators: Sequence[InstalledAccelerator] = (),
     methods: Mapping[str, MethodSpec] = METHODS,
     only: Sequence[str] = (),
+    neighbours_too: bool = True,
 ) -> list[TuneCandidate]:
-    """Seeds first (profile order), then their neighbours; each setting once."""
+    """Seeds first (profile order), then (with `neighbours_too`) their neighbours; each setting once."""
     from pardec_cli.selection.selector import unavailable_reason  # the same filter auto applies
 
     seeds: list[TuneCandidate] = []
@@ -95,6 +96,8 @@ def candidate_pool(
         else:
             seeds.append(normalize(method, knobs))
     pool = list(dict.fromkeys(seeds))
+    if not neighbours_too:
+        return pool
     for seed in seeds:
         for near in neighbours(seed):
             if near not in pool:

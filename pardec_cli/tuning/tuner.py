@@ -7,6 +7,10 @@
        budget), run the successive-halving search on the profile's prompts, and save
        after every run, so Ctrl-C or a crash loses at most the run in progress.
 
+By default the pool is the profile's own candidates for this hardware, at most
+`QUICK_CANDIDATES` of them (a useful result in a few minutes); `thorough` adds every
+candidate's neighbouring knob settings (the longer search).
+
 Generation goes through the session (the one decoding loop); nothing here decodes.
 """
 
@@ -29,6 +33,7 @@ from pardec_cli.tuning.space import TuneCandidate, candidate_pool
 CURVE_REPEATS = 3
 CONTEXT_TOKENS = 300
 SCREEN_SHARE = 0.4  # at most this share of a profile's budget goes to screening
+QUICK_CANDIDATES = 3  # the quick search's pool per profile: the profile's first candidates
 
 
 @dataclass
@@ -40,13 +45,14 @@ class TuneRequest:
     max_new_tokens: int = 96
     prompts_file: Path | None = None
     methods: list[str] = field(default_factory=list)  # empty: every candidate
+    thorough: bool = False  # also the neighbouring knob settings of every candidate
 
 
 @dataclass
 class TuneEvent:
     """Progress for the front end: the curve ("curve", done, total) or a profile's search."""
 
-    stage: str  # "curve", "search", "skip", "done", "note"
+    stage: str  # "stage" (what starts now), "curve", "search", "skip", "done", "note"
     profile: str | None = None
     done: int = 0
     total: int = 0
@@ -177,13 +183,16 @@ class Tuner:
 
     def run(self) -> TunedResults:
         """Tune every requested profile; results are saved as they come."""
+        self.on_event(TuneEvent("stage", message="warming up"))
         self.session.target.warm()  # compiling (compiled runner) is not measuring: outside the budget
         started = self.clock()
         todo = [name for name in self.request.profiles if not self._already_done(name)]
         if not todo and self.results.curve is not None:
             return self.results
+        self.on_event(TuneEvent("stage", message="timing one forward"))
         _, run_s = self.check_budget()
         if self.results.curve is None:
+            self.on_event(TuneEvent("stage", message="cost curve"))
             self.results.curve = self._measure_curve()
             self._save()
         curve = self.results.curve
@@ -222,7 +231,10 @@ class Tuner:
         tuned.budget_s = round(tuned.budget_s + budget_s, 1)
         self.results.profiles[name] = tuned
 
-        pool = candidate_pool(profile, self.hardware, accelerators=self.selector.accelerators, only=self.request.methods)
+        pool = candidate_pool(profile, self.hardware, accelerators=self.selector.accelerators, only=self.request.methods,
+                              neighbours_too=self.request.thorough)
+        if not self.request.thorough:
+            pool = pool[:QUICK_CANDIDATES]
         if not pool:
             self.on_event(TuneEvent("note", name, message=f"{name}: no candidate method can run here; skipped"))
             return
@@ -235,6 +247,7 @@ class Tuner:
         prompts = self.prompts[name]
         evaluator = SessionEvaluator(self.session, prompts, pool, max_new_tokens=self.request.max_new_tokens)
         start = self.clock()
+        self.on_event(TuneEvent("stage", name, message=f"{name}: {len(pool)} candidates on {len(prompts)} prompts"))
 
         def on_run(run: Run) -> None:
             tuned.runs.append(run)
@@ -275,13 +288,26 @@ def describe_results(results: TunedResults, *, applies: bool | None = None) -> l
                      f"(1 token: {results.curve.base_ms:.1f} ms)")
     for name, profile in results.profiles.items():
         state = "complete" if profile.complete else "incomplete (run `pardec tune` again to continue)"
-        best = profile.best_candidate()
         lines.append(f"  {name:<10} {state}; {len(profile.runs)} runs over {profile.prompts} prompts, "
                      f"{profile.max_new_tokens} tokens each")
-        if best is not None:
-            lines.append(f"    best    {best.label}: {best.speedup:.2f}x vanilla ({best.tokens_per_s:.1f} tok/s, "
-                         f"{best.tokens_per_step:.2f} tokens/step, {best.matched}/{best.prompts} outputs equal to vanilla's)")
-        for other in [c for c in profile.candidates if best is None or c.label != best.label][:5]:
-            lines.append(f"    tried   {other.label}: {other.speedup:.2f}x over {other.prompts} prompt(s)")
+        lines += ["    " + line for line in describe_profile(profile)]
     return lines
 
+
+def describe_profile(profile: TunedProfile) -> list[str]:
+    """What tune measured for one profile, in plain words, and only then the best."""
+    from pardec_cli.selection.tuned import candidate_measurement
+
+    measured = sorted(((c, candidate_measurement(profile, c)) for c in profile.candidates if c.method != "vanilla"),
+                      key=lambda cm: -cm[1].speedup)
+    lines = []
+    for c, m in measured:
+        spread = f" ({m.low:.2f}-{m.high:.2f})" if m.runs > 1 else ""
+        lines.append(f"{c.label}: {m.tokens_per_step:.2f} tokens per step, {m.speedup:.2f}x plain decoding{spread} "
+                     f"over {m.runs} prompt{'s' * (m.runs != 1)}, {c.matched}/{c.prompts} outputs equal to plain decoding's")
+    best = profile.best_candidate()
+    if best is not None:
+        lines.append(f"best: {best.label} ({best.speedup:.2f}x plain decoding, {best.tokens_per_s:.1f} tok/s)")
+    elif not measured:
+        lines.append("nothing measured yet")
+    return lines
