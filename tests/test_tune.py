@@ -118,6 +118,60 @@ def test_the_pool_seeds_with_the_profiles_candidates_that_can_run_here() -> None
     assert only[0].label == "jacobi" and {c.method for c in only} == {"jacobi"}
 
 
+def test_the_quick_pool_is_the_profiles_own_candidates_without_neighbours() -> None:
+    profile = Profile("t", "", {}, {"default": (Candidate("pld", {"num_draft": 8}, 2.0), Candidate("suffix", {}, 2.0))},
+                      ("t",))
+    quick = candidate_pool(profile, THIS_CPU, neighbours_too=False)
+    assert [c.label for c in quick] == ["pld[num_draft=8]", "suffix"]
+    assert len(candidate_pool(profile, THIS_CPU)) > len(quick)
+
+
+def test_what_tune_measured_is_said_in_plain_words_with_its_spread_before_the_best() -> None:
+    from pardec_cli.tuning.tuner import describe_profile
+
+    label = "pld[num_draft=8]"
+    runs = [Run("vanilla", "p1", 65, 2.0, 64, 0, 0.0, True), Run(label, "p1", 65, 1.0, 30, 120, 0.01, True),
+            Run("vanilla", "p2", 65, 2.0, 64, 0, 0.0, True), Run(label, "p2", 65, 1.6, 40, 150, 0.01, True)]
+    profile = TunedProfile("code", [TunedCandidate("pld", {"num_draft": 8}, 1.88, 4.0, 0.2, 50.0, 1.54, 2, 2, 1)],
+                           best=label, complete=True, runs=runs)
+    lines = describe_profile(profile)
+    assert lines == [
+        "pld[num_draft=8]: 1.88 tokens per step, 1.54x plain decoding (1.25-2.00) over 2 prompts, "
+        "2/2 outputs equal to plain decoding's",
+        "best: pld[num_draft=8] (1.54x plain decoding, 50.0 tok/s)",
+    ]
+    assert describe_profile(TunedProfile("chat")) == ["nothing measured yet"]
+
+
+def test_progress_shows_from_the_first_event_on_a_terminal_and_a_line_per_phase_in_a_pipe(capsys) -> None:
+    from pardec_cli.cli.tune import ProgressView
+    from pardec_cli.tuning.search import Progress
+    from pardec_cli.tuning.tuner import TuneEvent
+
+    events = [TuneEvent("stage", message="warming up"), TuneEvent("curve", done=30, total=30),
+              TuneEvent("search", "code", progress=Progress("screen", 1, 4, "pld", 6.9, 1.0, 100.0)),
+              TuneEvent("search", "code", progress=Progress("round 1", 5, 8, "pld", 1.6, 9.0, 90.0)),
+              TuneEvent("done", "code", message="done", done=12)]
+    pipe = ProgressView(180.0, tty=False)
+    pipe.start()
+    for event in events:
+        pipe.show(event)
+    pipe.stop()
+    err = capsys.readouterr().err
+    assert err.splitlines()[:3] == ["pardec: cost curve measured (0:00)", "pardec: code: screen", "pardec: code: round 1"]
+    assert "code: search finished (0:12)" in err
+    terminal = ProgressView(180.0, tty=True)
+    terminal.start()
+    assert terminal.progress is not None  # the bar is up before anything was measured
+    for event in events[:3]:
+        terminal.show(event)
+    task = terminal.progress.tasks[0]
+    assert task.description == "code: screen" and "6.9" not in task.fields["detail"]  # one prompt names no leader
+    terminal.show(events[3])
+    assert "leading pld 1.60x" in terminal.progress.tasks[0].fields["detail"]
+    terminal.stop()
+
+
 # -- the command -----------------------------------------------------------------------------
 
 

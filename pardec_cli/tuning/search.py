@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pardec_cli.selection.costmodel import CostCurve
 from pardec_cli.selection.tuned import Run
 
+P = TypeVar("P")  # a prompt, as the caller names it (tune: an id; bench: an index)
 VANILLA = "vanilla"
 # Before its first timed run a method generates this many tokens untimed (allocations,
 # lazily built tables, kernels): the warm-up rule `pardec tune` and `pardec bench` share.
@@ -251,7 +252,7 @@ class SuccessiveHalving:
         self.outcome.ranking = _ranked(self.runs, members, prompts)
 
 
-def interleaved(labels: Sequence[str], prompts: Sequence[str]) -> list[tuple[int, str, str]]:
+def interleaved(labels: Sequence[str], prompts: Sequence[P]) -> list[tuple[int, P, str]]:
     """(prompt index, prompt, label) in measuring order: prompt by prompt, every label on
     it, the order rotated one place per prompt, so slow drift of the machine (heat,
     other load) falls on every label alike. `pardec tune` and `pardec bench` share it."""
