@@ -8,6 +8,7 @@ import pytest
 
 from pardec_cli.selection import learned
 from pardec_cli.selection.learned import Row, Usage, UsageKey, learned_path, learning_enabled, read_usage, record_generation
+from tests.cli_helpers import invoke
 from tests.test_chat_cli import tiny_session  # noqa: F401 - a fixture: a Session over a tiny model
 
 KEY = UsageKey("sha256:m", "cpu:AMD EPYC", "float32", "chat", "pld[num_draft=8]")
@@ -174,3 +175,23 @@ def test_nothing_is_recorded_when_learning_is_off_or_the_caller_keeps_its_own_re
     fresh = Session(tiny_session.target.model, tiny_session.tokenizer, model_name="tiny")
     generate(fresh)
     assert not learned_path().exists()
+
+
+# -- end to end: gen records, auto explains, doctor shows -----------------------------------
+
+
+def test_generations_teach_auto_which_then_says_it_measured_here(tiny_cli_model, monkeypatch) -> None:
+    from tests.test_auto_cli import CHAT_PROMPT, gen
+
+    monkeypatch.delenv("PARDEC_LEARN", raising=False)
+    for method in ("vanilla", "pld", "vanilla", "pld"):
+        result = gen(tiny_cli_model, "--method", method, "-n", "48", "--json", CHAT_PROMPT)
+        assert result.exit_code == 0, result.stderr
+    entries = json.loads(learned_path().read_text())["entries"]
+    assert sorted(text.split("|")[3:] for text in entries) == [["chat", "pld"], ["chat", "vanilla"]]
+    explained = gen(tiny_cli_model, "-n", "4", "--explain", CHAT_PROMPT)
+    assert explained.exit_code == 0, explained.stderr
+    measured = [line for line in explained.stderr.splitlines() if line.startswith("measured  ")]
+    assert measured and "pld " in measured[0] and "over 2 runs (use)" in measured[0]
+    doctor = invoke(["doctor", "-m", str(tiny_cli_model), "--dtype", "float32"])
+    assert "generations recorded in" in doctor.stdout and "measured pld: " in doctor.stdout
