@@ -75,7 +75,7 @@ class Estimate:
     knobs: dict[str, Any]
     speedup: float  # expected tokens/s over plain decoding's
     tokens_per_step: float
-    step_cost: float  # time of one step, in one-token forwards (0 when measured end to end)
+    step_cost: float  # time of one step, in one-token forwards (measured ones: implied by tokens and speed-up)
     basis: str  # "measured" (on this machine: tune or use), "prior" (profile data), "baseline"
     accelerator: str | None = None  # the accelerator reference it uses
     prior: float | None = None  # a prior's speed-up before the machine's discount
