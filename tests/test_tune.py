@@ -261,6 +261,23 @@ def test_a_budget_too_small_to_measure_anything_says_so(tiny_cli_model: Path) ->
     assert all_results() == []
 
 
+def test_a_quick_tune_on_a_slow_machine_measures_less_rather_than_refuse(tiny_cli_model: Path, few_prompts: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from pardec_cli.tuning.tuner import MIN_TOKENS, Tuner
+
+    # One forward "takes" 400 ms: 64-token runs and a thrice-timed curve do not fit 2 minutes.
+    monkeypatch.setattr(Tuner, "probe_ms", lambda self: 400.0)
+    result = invoke(["tune", "-m", str(tiny_cli_model), "--dtype", "float32", "-P", "code", "--methods", "pld",
+                     "--prompts", str(few_prompts), "--budget", "2"])
+    assert result.exit_code == 0, result.stderr
+    assert "tokens a run, the curve timed once" in result.stderr
+    [results] = all_results()
+    assert MIN_TOKENS <= results.profiles["code"].max_new_tokens < 64
+    assert {n for n, _ in results.curve.points} == {1, 2, 4, 8, 12, 16, 24, 32, 48, 64}
+    refused = invoke(["tune", "-m", str(tiny_cli_model), "--dtype", "float32", "--thorough", "--budget", "0.5"])
+    assert refused.exit_code != 0 and "too small to measure anything here" in refused.stderr
+
+
 def test_results_for_another_device_are_never_applied(tiny_cli_model: Path) -> None:
     from pardec_cli.selection.tuned import fingerprint_directory
 

@@ -34,6 +34,7 @@ CURVE_REPEATS = 3
 CONTEXT_TOKENS = 300
 SCREEN_SHARE = 0.4  # at most this share of a profile's budget goes to screening
 QUICK_CANDIDATES = 3  # the quick search's pool per profile: the profile's first candidates
+MIN_TOKENS = 24  # a slow machine's quick tune shortens its runs down to this, rather than refuse
 
 
 @dataclass
@@ -106,6 +107,10 @@ class Tuner:
         info = self.selector.model
         self.results = self.selector.tuned or TunedResults(info.name, info.fingerprint, self.hardware.key, self.hardware.dtype)
         self.prompts = self._prompts()
+        # What one run generates and how often each curve point is timed: the request's,
+        # unless a quick tune on a slow (or busy) machine has to measure less to fit.
+        self.max_new_tokens = request.max_new_tokens
+        self.curve_repeats = CURVE_REPEATS
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -155,7 +160,7 @@ class Tuner:
 
     def run_estimate_s(self, base_ms: float) -> float:
         """Seconds one vanilla generation of `max_new_tokens` takes here, roughly."""
-        return self.request.max_new_tokens * base_ms / 1000 * 1.15 + 0.05
+        return self.max_new_tokens * base_ms / 1000 * 1.15 + 0.05
 
     def curve_estimate_s(self, base_ms: float) -> float:
         """Seconds measuring the curve takes: the estimated curve's shape at the probed speed."""
@@ -164,13 +169,29 @@ class Tuner:
         from pardec_cli.selection.costmodel import CURVE_POINTS
 
         estimate = estimated_curve(device_estimate(self.hardware), self.selector.model.shape, self.hardware.dtype)
-        return CURVE_REPEATS * sum(estimate.relative(n) for n in CURVE_POINTS) * base_ms / 1000 + 1.0
+        return self.curve_repeats * sum(estimate.relative(n) for n in CURVE_POINTS) * base_ms / 1000 + 1.0
 
     def check_budget(self) -> tuple[float, float]:
-        """(probe ms, seconds per run); a budget that cannot measure anything is an error."""
+        """(probe ms, seconds per run); a budget that cannot measure anything is an error.
+
+        A quick tune on a machine too slow (or too busy) for its budget measures less
+        instead: each curve point timed once, and runs shortened (not below
+        `MIN_TOKENS`) until the curve and three runs take at most half the budget.
+        """
         base_ms = self.probe_ms()
         run_s = self.run_estimate_s(base_ms)
         minimum = self.curve_estimate_s(base_ms) + 3 * run_s  # the curve, vanilla and two candidates once
+        if self.request.budget_s < 2 * minimum and not self.request.thorough:
+            self.curve_repeats = 1
+            per_token_s = base_ms / 1000 * 1.15
+            room = self.request.budget_s / 2 - self.curve_estimate_s(base_ms)
+            fitting = int(room / 3 / per_token_s) if room > 0 else 0
+            self.max_new_tokens = min(self.max_new_tokens, max(MIN_TOKENS, fitting))
+            run_s = self.run_estimate_s(base_ms)
+            minimum = self.curve_estimate_s(base_ms) + 3 * run_s
+            if self.max_new_tokens < self.request.max_new_tokens:
+                self.on_event(TuneEvent("note", message=f"this machine is slow for a {self.request.budget_s / 60:g}-minute "
+                                        f"budget: {self.max_new_tokens} tokens a run, the curve timed once"))
         if self.request.budget_s < minimum:
             raise PardecUsageError(
                 f"a budget of {self.request.budget_s / 60:.1f} min is too small to measure anything here: "
@@ -205,7 +226,7 @@ class Tuner:
     def _already_done(self, name: str) -> bool:
         done = self.results.profiles.get(name)
         if done is not None and done.complete and done.prompts == self.prompts_source \
-                and done.max_new_tokens == self.request.max_new_tokens:
+                and done.max_new_tokens in (self.request.max_new_tokens, self.max_new_tokens):
             self.on_event(TuneEvent("skip", name, message=f"{name}: already tuned ({done.best}); "
                                     "`pardec tune --reset` to measure again"))
             return True
@@ -216,7 +237,7 @@ class Tuner:
 
         prompt = next(iter(self.prompts.values()))[0].text
         context = self.session.encode(prompt * (CONTEXT_TOKENS // 40 + 1))[:CONTEXT_TOKENS]
-        return measure_curve(self.session, context, repeats=CURVE_REPEATS,
+        return measure_curve(self.session, context, repeats=self.curve_repeats,
                              on_point=lambda done, total: self.on_event(TuneEvent("curve", done=done, total=total)))
 
     def _tune_profile(self, name: str, budget_s: float, curve: CostCurve, run_s: float) -> None:
@@ -224,10 +245,10 @@ class Tuner:
 
         profile = self.profiles[name]
         previous = self.results.profiles.get(name)
-        if previous is not None and (previous.prompts != self.prompts_source or previous.max_new_tokens != self.request.max_new_tokens):
+        if previous is not None and (previous.prompts != self.prompts_source or previous.max_new_tokens != self.max_new_tokens):
             self.on_event(TuneEvent("note", name, message=f"{name}: prompts or token count changed; starting over"))
             previous = None
-        tuned = previous or TunedProfile(name, prompts=self.prompts_source, max_new_tokens=self.request.max_new_tokens)
+        tuned = previous or TunedProfile(name, prompts=self.prompts_source, max_new_tokens=self.max_new_tokens)
         tuned.budget_s = round(tuned.budget_s + budget_s, 1)
         self.results.profiles[name] = tuned
 
@@ -245,7 +266,7 @@ class Tuner:
         pool = pool[: max(cap, sum(c.label in measured for c in pool))]
         candidates = {c.label: c for c in pool}
         prompts = self.prompts[name]
-        evaluator = SessionEvaluator(self.session, prompts, pool, max_new_tokens=self.request.max_new_tokens)
+        evaluator = SessionEvaluator(self.session, prompts, pool, max_new_tokens=self.max_new_tokens)
         start = self.clock()
         self.on_event(TuneEvent("stage", name, message=f"{name}: {len(pool)} candidates on {len(prompts)} prompts"))
 
