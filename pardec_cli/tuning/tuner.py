@@ -34,6 +34,7 @@ CURVE_REPEATS = 3
 CONTEXT_TOKENS = 300
 SCREEN_SHARE = 0.4  # at most this share of a profile's budget goes to screening
 QUICK_CANDIDATES = 3  # the quick search's pool per profile: the profile's first candidates
+SCREEN_RUNS = 3  # the smallest useful search: vanilla and two candidates on one prompt
 MIN_TOKENS = 24  # a slow machine's quick tune shortens its runs down to this, rather than refuse
 
 
@@ -219,7 +220,11 @@ class Tuner:
         curve = self.results.curve
         for index, name in enumerate(todo):
             left = self.request.budget_s - (self.clock() - started)
-            share = left / (len(todo) - index)
+            # An equal share, unless that cannot screen anything (vanilla and two candidates
+            # on one prompt) while the whole rest could: then the earlier profiles get what
+            # they need and the later ones what is left (a slow machine tunes some
+            # profiles rather than none).
+            share = max(left / (len(todo) - index), min(left, SCREEN_RUNS * run_s))
             self._tune_profile(name, share, curve, run_s)
         return self.results
 
