@@ -142,9 +142,8 @@ class Tuner:
     # -- estimates --------------------------------------------------------------------------
 
     def probe_ms(self) -> float:
-        """One-token forward time: from the saved curve, else measured once now (a second)."""
-        if self.results.curve is not None:
-            return self.results.curve.base_ms
+        """One-token forward time, measured now (about a second): a saved curve's may be
+        stale when the machine is busier or quieter than when it was measured."""
         import torch
 
         target = self.session.target
