@@ -171,5 +171,5 @@ def _model_lines(model: dict[str, Any]) -> list[str]:
         lines.append(f"  {profile:<13} {pick['label']:<40} {pick['expected_speedup']:.2f}x expected ({basis})")
         for m in pick.get("measured", [])[:5]:
             spread = f" ({m['low']:.2f}-{m['high']:.2f})" if m["runs"] > 1 else ""
-            lines.append(f"  {'':<15}measured {m['label']}: {m['speedup']:.2f}x{spread} over {m['runs']} runs ({m['source']})")
+            lines.append(f"  {'':<15}measured {m['label']}: {m['speedup']:.2f}x{spread} over {m['runs']} run{'s' * (m['runs'] != 1)} ({m['source']})")
     return lines
