@@ -372,22 +372,23 @@ class Bench:
         self.session.target.warm()  # compile the steps first (compiled runner): never inside a timed run
         for baseline in self.baselines:
             baseline.start([ids for _, ids in encoded], self.max_new_tokens)
+        from pardec_cli.schedule import WARM_UP_TOKENS, interleaved  # tune's warm-up rule and schedule
+
         if encoded:
             for label in self.labels:  # warm-up: allocator, kernels, caches
                 if starting:
                     starting(label, encoded[0][0], True)
-                self._run_one(label, encoded[0][0], encoded[0][1], max_new_tokens=8)
+                self._run_one(label, encoded[0][0], encoded[0][1], max_new_tokens=WARM_UP_TOKENS)
         total = len(encoded) * len(self.labels)
         done = 0
-        for index, (prompt, ids) in enumerate(encoded):
-            shift = index % len(self.labels)
-            for label in self.labels[shift:] + self.labels[:shift]:
-                if starting:
-                    starting(label, prompt, False)
-                self.runs.append(self._run_one(label, prompt, ids, self.max_new_tokens))
-                done += 1
-                if progress:
-                    progress(done, total, prompt)
+        for index, _, label in interleaved(self.labels, range(len(encoded))):
+            prompt, ids = encoded[index]
+            if starting:
+                starting(label, prompt, False)
+            self.runs.append(self._run_one(label, prompt, ids, self.max_new_tokens))
+            done += 1
+            if progress:
+                progress(done, total, prompt)
         return self.runs
 
     def describe_baselines(self) -> list[str]:

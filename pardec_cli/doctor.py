@@ -149,6 +149,7 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
     from pardec_cli.selection.selector import AutoSelector, ModelInfo
     from pardec_cli.store.accelerators import installed_accelerators
     from pardec_cli.store.inventory import config_summary
+    from pardec_cli.selection.learned import learned_path, learning_enabled, read_usage
     from pardec_cli.selection.tuned import find_results, fingerprint_directory, unusable_results
 
     name, path, repo = find_model(spec)
@@ -174,8 +175,14 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
         "curve": tuned.curve.to_dict() if tuned.curve else None,
     }
     report["notes"] = list(notes)
+    usage = read_usage(fingerprint, hardware.key, hardware.dtype) if learning_enabled() else None
+    report["learned"] = (
+        "off (learn = false in config.toml, or PARDEC_LEARN=0)" if usage is None else
+        f"{sum(len(rows) for by_label in usage.rows.values() for rows in by_label.values())} generations recorded "
+        f"in {learned_path()}"
+    )
     selector = AutoSelector(hardware, ModelInfo(name, shape, fingerprint, path, repo), profiles=load_profiles(),
-                            accelerators=accelerators, tuned=tuned, notes=notes)
+                            accelerators=accelerators, tuned=tuned, usage=usage, notes=notes)
     picks = {}
     for profile in selector.profiles:
         choice = selector.choose(None, profile)
@@ -183,6 +190,10 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
             "method": choice.method, "knobs": choice.knobs, "label": choice.label,
             "expected_speedup": round(choice.estimate.speedup, 3), "basis": choice.estimate.basis,
             "skipped": [f"{label}: {why}" for label, why in choice.skipped],
+            # What was measured for this profile on this machine (tune and use), best first.
+            "measured": [{"label": m.label, "speedup": round(m.speedup, 3), "low": round(m.low, 3),
+                          "high": round(m.high, 3), "runs": m.runs, "tokens_per_step": round(m.tokens_per_step, 3),
+                          "source": m.source} for m in selector.ranking(profile)],
         }
         report["curve"] = {"source": choice.curve.source, "relative": {n: round(choice.curve.relative(n), 2) for n in (8, 16, 32, 64)}}
     report["auto"] = picks

@@ -65,7 +65,7 @@ class TextStream:
     """
 
     def __init__(self, events: Iterator[StepEvent], tokenizer: Any, stop: Sequence[str], prompt_tokens: int,
-                 *, repetition_guard: Any = False) -> None:
+                 *, repetition_guard: Any = False, on_finish: Callable[[TextStream], None] | None = None) -> None:
         from pardec_cli.engine.text import IncrementalDetokenizer, RepetitionGuard, StopMatcher
 
         self._events = events
@@ -78,6 +78,12 @@ class TextStream:
         self.token_ids: list[int] = []
         self.parts: list[str] = []
         self.finish_reason: str | None = None
+        # Decoding steps (the prefill excluded): drafting and verifying seconds, and the
+        # steps that drafted nothing (one-token forwards) with their verify seconds, for
+        # what auto learns from use (`selection.learned`).
+        self.decode_propose_s = self.decode_verify_s = self.base_verify_s = 0.0
+        self.base_steps = 0
+        self._on_finish = on_finish
 
     @property
     def text(self) -> str:
@@ -93,6 +99,12 @@ class TextStream:
                     close()
             self.stats.add(event)
             self.token_ids.extend(event.tokens)
+            if event.index > 0:
+                self.decode_propose_s += event.propose_s
+                self.decode_verify_s += event.verify_s
+                if event.drafted == 0:
+                    self.base_steps += 1
+                    self.base_verify_s += event.verify_s
             text = self._stop.push(self._detok.push(event.tokens))
             if event.finish_reason is not None:
                 self.finish_reason = event.finish_reason
@@ -100,9 +112,17 @@ class TextStream:
             if self._stop.stopped:
                 self.finish_reason = FINISH_STOP
             self.parts.append(text)
+            if self.finish_reason is not None:
+                self._finished()
             yield Chunk(text, event)
             if self.finish_reason is not None:
                 return
+
+    def _finished(self) -> None:
+        """Tell `on_finish` once (the session records what this generation measured)."""
+        callback, self._on_finish = self._on_finish, None
+        if callback is not None:
+            callback(self)
 
     def finish(self) -> str:
         """Mark an interrupted generation as cancelled; return text that was still held back."""
@@ -114,6 +134,7 @@ class TextStream:
             close()
         tail = self._stop.flush()
         self.parts.append(tail)
+        self._finished()
         return tail
 
 
@@ -156,6 +177,7 @@ class Session:
         self._drafters: dict[str, tuple[Any, Any]] = {}
         self._proposers: dict[tuple[str, str], Any] = {}
         self._auto_selectors: dict[tuple[str, ...], Any] = {}
+        self._usage_recorder: Any = None
         self.method_name = "vanilla"
         self.method_options: dict[str, Any] = {}
         self.proposer = self._build("vanilla", {})
@@ -321,24 +343,39 @@ class Session:
         stop: Sequence[str] = (),
         proposer: Any = None,
         repetition_guard: bool = False,
+        profile: str | None = None,
+        record: bool = True,
     ) -> TextStream:
         """Start a generation; iterate the returned stream for text chunks.
 
         `proposer` overrides the session's method for this one generation (the benchmark
         interleaves several methods over one loaded model this way); `repetition_guard`
-        ends a reply caught in a loop (the chat's default).
+        ends a reply caught in a loop (the chat's default). When the generation
+        ends, what it measured (tokens per step, step times) is recorded for `--method
+        auto` under `profile` (None: the profile detected from the prompt), unless
+        `record` is False (tune keeps its own records) or learning is off
+        (`selection.learned`): one small write per generation, none per step.
         """
         from pardec_cli.engine.loop import decode
 
+        proposer = proposer or self.proposer
+        on_finish = None
+        if record:
+            if self._usage_recorder is None:
+                from pardec_cli.selection.learned import UsageRecorder
+
+                self._usage_recorder = UsageRecorder(self)
+            on_finish = self._usage_recorder.callback(proposer, prompt_ids, profile)
         events = decode(
             self.target,
-            proposer or self.proposer,
+            proposer,
             prompt_ids,
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             eos_token_ids=self.eos_token_ids,
         )
-        return TextStream(events, self.tokenizer, stop, len(prompt_ids), repetition_guard=repetition_guard)
+        return TextStream(events, self.tokenizer, stop, len(prompt_ids), repetition_guard=repetition_guard,
+                          on_finish=on_finish)
 
     def generate(self, prompt_ids: Sequence[int], **kwargs: Any) -> GenerationResult:
         """Run a generation to the end and return it whole."""

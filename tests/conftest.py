@@ -44,6 +44,10 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    # What one test's generations would teach auto must not steer the next test's
+    # choices (a server started earlier would disagree with a later gen); the tests of
+    # learning (test_learned.py) turn it back on.
+    monkeypatch.setenv("PARDEC_LEARN", "0")
     yield home
 
 

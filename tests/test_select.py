@@ -216,20 +216,69 @@ def measured(method: str, knobs: dict, speedup: float, tokens: float = 2.0) -> T
     return TunedCandidate(method, knobs, tokens, 4.0, 0.5, 20.0 * speedup, speedup, 8, 8)
 
 
-def test_tuned_measurements_replace_the_priors_of_the_methods_they_cover() -> None:
+def test_tuned_measurements_replace_the_priors_of_the_configurations_they_cover() -> None:
     choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW, WIDE),
                     tuned=tuned(measured("recycling", {"nodes": 12}, 1.4), measured("pld", {"num_draft": 6}, 1.2)))
     assert choice.label == "recycling[nodes=12]"
-    assert choice.estimate.basis == "tuned" and choice.estimate.speedup == pytest.approx(1.4)
-    assert all(e.basis != "prior" for e in choice.ranking)  # both methods were measured
-    assert [e.label for e in choice.ranking] == ["recycling[nodes=12]", "vanilla"]  # only the winner competes
-    assert "measured by pardec tune" in choice.explain()
+    assert choice.estimate.basis == "measured" and choice.estimate.speedup == pytest.approx(1.4)
+    # Every measured configuration competes (best first), and then the baseline; the
+    # priors follow, below them all.
+    assert [e.label for e in choice.ranking[:3]] == ["recycling[nodes=12]", "pld[num_draft=6]", "vanilla"]
+    assert [e.basis for e in choice.ranking[3:]] == ["prior", "prior"]
+    assert "expect    measured 1.40x (1.40-1.40) over 8 runs (tune)" in choice.explain()
 
 
 def test_a_measured_loss_is_believed_over_an_optimistic_prior() -> None:
     choice = select(hardware=H100, model=LLAMA_8B, profile=profile(NARROW, WIDE),
                     tuned=tuned(measured("recycling", {"nodes": 64, "depth": 8}, 0.9)))
-    assert choice.method == "pld"  # pld unmeasured: its prior; recycling measured slower than vanilla
+    # Measured slower than plain decoding: plain decoding wins, and pld's unmeasured
+    # prior cannot, however good it looks (a prior only wins where nothing was measured).
+    assert choice.method == "vanilla"
+    assert "no candidate is measured to beat plain decoding" in choice.explain()
+
+
+def test_a_configuration_measured_by_tune_beats_a_better_looking_prior() -> None:
+    """The case from the field: after `pardec tune -P code --methods pld` measured
+    pld[num_draft=8] at 1.60x, auto still picked suffix+recycling on its 1.71x prior."""
+    pld8 = Candidate("pld", {"num_draft": 8}, tokens_per_step=2.06, drafted=4.5, draft_ms=0.09)
+    combo = Candidate("suffix+recycling", {"suffix.max_nodes": 8, "recycling.nodes": 8, "recycling.depth": 4},
+                      tokens_per_step=2.6, drafted=6.0, draft_ms=0.8)
+    flat = curve(n1=10.0, n8=10.5, n16=11.0)
+    untuned = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(combo, pld8), curve=flat)
+    assert untuned.method == "suffix+recycling" and untuned.estimate.basis == "prior"
+    prior_combo = untuned.estimate.speedup
+    tuned_choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(combo, pld8), curve=flat,
+                          tuned=tuned(measured("pld", {"num_draft": 8}, 1.60)))
+    assert tuned_choice.label == "pld[num_draft=8]" and tuned_choice.estimate.basis == "measured"
+    assert prior_combo > 1.60
+    assert tuned_choice.ranking[-1].speedup == pytest.approx(prior_combo)  # ranked last all the same
+    text = tuned_choice.explain()
+    assert "measured 1.60x" in text and f"suffix+recycling[recycling.depth=4,recycling.nodes=8,suffix.max_nodes=8] prior {prior_combo:.2f}x" in text
+
+
+def test_a_measurement_on_few_runs_counts_for_less_than_one_on_many() -> None:
+    one_lucky = TunedCandidate("suffix", {"max_nodes": 16}, 2.0, 4.0, 0.5, 36.0, 1.8, 1, 1)
+    steady = TunedCandidate("pld", {"num_draft": 8}, 2.0, 4.0, 0.5, 32.0, 1.6, 8, 8)
+    choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW), tuned=tuned(one_lucky, steady))
+    assert choice.label == "pld[num_draft=8]"
+    assert choice.ranking[1].label == "suffix[max_nodes=16]" and choice.ranking[1].speedup == pytest.approx(1.8)
+
+
+def test_priors_are_discounted_by_how_wrong_they_were_on_this_machine() -> None:
+    from pardec_cli.selection.selector import prior_discount
+
+    assert prior_discount([]) is None
+    assert prior_discount([(1.0, 2.0, 4)]) == pytest.approx(0.5)
+    assert prior_discount([(1.0, 2.0, 1), (2.0, 2.0, 1)]) == pytest.approx(0.5 ** 0.5)  # geometric mean
+    assert prior_discount([(3.0, 1.5, 4)]) == 1.0  # pessimistic priors are not raised
+    assert prior_discount([(0.1, 2.0, 4)]) == pytest.approx(0.25)  # nor dropped below a quarter
+    choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW), curve=curve(n1=10.0, n4=11.0),
+                    discount=0.5, discount_basis="measured / prior over 1 configuration")
+    plain = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW), curve=curve(n1=10.0, n4=11.0))
+    estimate = next(e for e in choice.ranking if e.method == "pld")
+    assert estimate.speedup == pytest.approx(plain.estimate.speedup * 0.5)
+    assert f"prior {plain.estimate.speedup:.2f}x, discounted to {estimate.speedup:.2f}x" in choice.explain()
+    assert "discount  priors x0.50: measured / prior over 1 configuration" in choice.explain()
 
 
 def test_tuned_methods_whose_accelerator_went_away_are_skipped() -> None:
@@ -269,11 +318,28 @@ def test_choose_uses_tuned_results_for_its_profile_and_their_curve() -> None:
                            curve=curve(n1=40.0, n8=60.0, n64=200.0),
                            profiles={"chat": TunedProfile("chat", [measured("suffix", {"max_nodes": 12}, 2.5)], "suffix[max_nodes=12]")})
     chat = selector(tuned_results=results).choose("Tell me about the moon.", "chat")
-    assert chat.label == "suffix[max_nodes=12]" and chat.estimate.basis == "tuned"
+    assert chat.label == "suffix[max_nodes=12]" and chat.estimate.basis == "measured"
     assert any(e.basis == "prior" and e.method == "pld" for e in chat.ranking)  # tune did not measure pld
     code = selector(tuned_results=results).choose("x", "code")
     assert code.curve.source == "measured in the test"  # the curve is the device's, for every profile
     assert all(e.basis in ("prior", "baseline") for e in code.ranking)
+
+
+def test_what_one_profile_measured_discounts_the_priors_of_another() -> None:
+    from pardec_cli.selection.selector import prior_estimates
+    from pardec_cli.methods.registry import METHODS
+
+    base = selector()
+    c = curve(n1=40.0, n8=60.0, n64=200.0)
+    code_priors = prior_estimates(hardware=THIS_CPU, model=SMOLLM2, profile=base.profiles["code"], greedy=True,
+                                  accelerators=[], curve=c, methods=METHODS)
+    first = code_priors[0]
+    half = measured(first.method, first.knobs, first.speedup / 2, first.tokens_per_step)
+    results = TunedResults("smollm2-135m", "sha256:test", THIS_CPU.key, "float32", curve=c,
+                           profiles={"code": TunedProfile("code", [half], half.label)})
+    chat = selector(tuned_results=results).choose("Tell me about the moon.", "chat")
+    assert chat.discount == pytest.approx(0.5)
+    assert all(e.prior is not None and e.speedup == pytest.approx(e.prior * 0.5) for e in chat.ranking if e.basis == "prior")
 
 
 def test_notes_about_unusable_tuned_results_reach_the_explanation() -> None:

@@ -118,6 +118,60 @@ def test_the_pool_seeds_with_the_profiles_candidates_that_can_run_here() -> None
     assert only[0].label == "jacobi" and {c.method for c in only} == {"jacobi"}
 
 
+def test_the_quick_pool_is_the_profiles_own_candidates_without_neighbours() -> None:
+    profile = Profile("t", "", {}, {"default": (Candidate("pld", {"num_draft": 8}, 2.0), Candidate("suffix", {}, 2.0))},
+                      ("t",))
+    quick = candidate_pool(profile, THIS_CPU, neighbours_too=False)
+    assert [c.label for c in quick] == ["pld[num_draft=8]", "suffix"]
+    assert len(candidate_pool(profile, THIS_CPU)) > len(quick)
+
+
+def test_what_tune_measured_is_said_in_plain_words_with_its_spread_before_the_best() -> None:
+    from pardec_cli.tuning.tuner import describe_profile
+
+    label = "pld[num_draft=8]"
+    runs = [Run("vanilla", "p1", 65, 2.0, 64, 0, 0.0, True), Run(label, "p1", 65, 1.0, 30, 120, 0.01, True),
+            Run("vanilla", "p2", 65, 2.0, 64, 0, 0.0, True), Run(label, "p2", 65, 1.6, 40, 150, 0.01, True)]
+    profile = TunedProfile("code", [TunedCandidate("pld", {"num_draft": 8}, 1.88, 4.0, 0.2, 50.0, 1.54, 2, 2, 1)],
+                           best=label, complete=True, runs=runs)
+    lines = describe_profile(profile)
+    assert lines == [
+        "pld[num_draft=8]: 1.88 tokens per step, 1.54x plain decoding (1.25-2.00) over 2 prompts, "
+        "2/2 outputs equal to plain decoding's",
+        "best: pld[num_draft=8] (1.54x plain decoding, 50.0 tok/s)",
+    ]
+    assert describe_profile(TunedProfile("chat")) == ["nothing measured yet"]
+
+
+def test_progress_shows_from_the_first_event_on_a_terminal_and_a_line_per_phase_in_a_pipe(capsys) -> None:
+    from pardec_cli.cli.tune import ProgressView
+    from pardec_cli.tuning.search import Progress
+    from pardec_cli.tuning.tuner import TuneEvent
+
+    events = [TuneEvent("stage", message="warming up"), TuneEvent("curve", done=30, total=30),
+              TuneEvent("search", "code", progress=Progress("screen", 1, 4, "pld", 6.9, 1.0, 100.0)),
+              TuneEvent("search", "code", progress=Progress("round 1", 5, 8, "pld", 1.6, 9.0, 90.0)),
+              TuneEvent("done", "code", message="done", done=12)]
+    pipe = ProgressView(180.0, tty=False)
+    pipe.start()
+    for event in events:
+        pipe.show(event)
+    pipe.stop()
+    err = capsys.readouterr().err
+    assert err.splitlines()[:3] == ["pardec: cost curve measured (0:00)", "pardec: code: screen", "pardec: code: round 1"]
+    assert "code: search finished (0:12)" in err
+    terminal = ProgressView(180.0, tty=True)
+    terminal.start()
+    assert terminal.progress is not None  # the bar is up before anything was measured
+    for event in events[:3]:
+        terminal.show(event)
+    task = terminal.progress.tasks[0]
+    assert task.description == "code: screen" and "6.9" not in task.fields["detail"]  # one prompt names no leader
+    terminal.show(events[3])
+    assert "leading pld 1.60x" in terminal.progress.tasks[0].fields["detail"]
+    terminal.stop()
+
+
 # -- the command -----------------------------------------------------------------------------
 
 
@@ -205,6 +259,23 @@ def test_a_budget_too_small_to_measure_anything_says_so(tiny_cli_model: Path) ->
     assert "is too small to measure anything here" in result.stderr
     assert "pardec: hint: give at least --budget" in result.stderr
     assert all_results() == []
+
+
+def test_a_quick_tune_on_a_slow_machine_measures_less_rather_than_refuse(tiny_cli_model: Path, few_prompts: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from pardec_cli.tuning.tuner import MIN_TOKENS, Tuner
+
+    # One forward "takes" 400 ms: 64-token runs and a thrice-timed curve do not fit 2 minutes.
+    monkeypatch.setattr(Tuner, "probe_ms", lambda self: 400.0)
+    result = invoke(["tune", "-m", str(tiny_cli_model), "--dtype", "float32", "-P", "code", "--methods", "pld",
+                     "--prompts", str(few_prompts), "--budget", "2"])
+    assert result.exit_code == 0, result.stderr
+    assert "tokens a run, the curve timed once" in result.stderr
+    [results] = all_results()
+    assert MIN_TOKENS <= results.profiles["code"].max_new_tokens < 64
+    assert {n for n, _ in results.curve.points} == {1, 2, 4, 8, 12, 16, 24, 32, 48, 64}
+    refused = invoke(["tune", "-m", str(tiny_cli_model), "--dtype", "float32", "--thorough", "--budget", "0.5"])
+    assert refused.exit_code != 0 and "too small to measure anything here" in refused.stderr
 
 
 def test_results_for_another_device_are_never_applied(tiny_cli_model: Path) -> None:

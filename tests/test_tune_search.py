@@ -138,3 +138,26 @@ def test_speedups_compare_against_vanilla_on_the_same_prompts() -> None:
             Run("x", "a", 100, 5.0, 50, 100, 0.0, True)]
     assert speedups(runs, ["x"], ["a"]) == {"x": pytest.approx(2.0)}
     assert speedups(runs, ["x"], ["a", "b"])["x"] == pytest.approx((100 / 5) / (200 / 40))
+
+
+def test_the_shared_schedule_runs_prompt_by_prompt_rotating_the_order() -> None:
+    from pardec_cli.schedule import interleaved
+
+    assert interleaved(["vanilla", "a", "b"], ["p1", "p2", "p3", "p4"]) == [
+        (0, "p1", "vanilla"), (0, "p1", "a"), (0, "p1", "b"),
+        (1, "p2", "a"), (1, "p2", "b"), (1, "p2", "vanilla"),
+        (2, "p3", "b"), (2, "p3", "vanilla"), (2, "p3", "a"),
+        (3, "p4", "vanilla"), (3, "p4", "a"), (3, "p4", "b"),
+    ]
+
+
+def test_the_search_object_reports_what_it_did() -> None:
+    from pardec_cli.tuning.search import SuccessiveHalving
+
+    machine = FakeMachine()
+    search_ = SuccessiveHalving(tuple(SURFACE), PROMPTS, measure=machine.measure, clock=machine.clock,
+                                config=SearchConfig(budget_s=3600, run_estimate_s=TOKENS / VANILLA_TOKENS_PER_S),
+                                curve=CURVE)
+    outcome, runs = search_.run()
+    assert search_.done == len(runs) and outcome is search_.outcome
+    assert search_.planned >= search_.done and outcome.complete

@@ -162,7 +162,14 @@ def _model_lines(model: dict[str, Any]) -> list[str]:
         lines.append(f"  cost curve    verifying n tokens costs {rel} one ({curve['source']})")
     for note in model.get("notes", []):
         lines.append(f"  note          {note}")
+    learned = model.get("learned")
+    if learned is not None:
+        lines.append(f"  learned       {learned}")
     for profile, pick in model["auto"].items():
-        basis = {"tuned": "measured", "prior": "profile prior", "baseline": "nothing expected to beat it"}[pick["basis"]]
+        basis = {"measured": "measured here", "prior": "profile prior",
+                 "baseline": "nothing expected to beat it"}[pick["basis"]]
         lines.append(f"  {profile:<13} {pick['label']:<40} {pick['expected_speedup']:.2f}x expected ({basis})")
+        for m in pick.get("measured", [])[:5]:
+            spread = f" ({m['low']:.2f}-{m['high']:.2f})" if m["runs"] > 1 else ""
+            lines.append(f"  {'':<15}measured {m['label']}: {m['speedup']:.2f}x{spread} over {m['runs']} run{'s' * (m['runs'] != 1)} ({m['source']})")
     return lines

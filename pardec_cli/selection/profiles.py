@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from pardec_cli.errors import PardecUsageError
@@ -78,6 +79,46 @@ def method_label(method: str, knobs: dict[str, Any]) -> str:
         return method
     inner = ",".join(f"{k}={_knob_text(v)}" for k, v in sorted(knobs.items()))
     return f"{method}[{inner}]"
+
+
+def canonical_knobs(method: str, knobs: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """`knobs` in one spelling: typed values, defaults dropped, a combination's plain
+    knobs spread to PART.KNOB for every part that has them (sorted pairs).
+
+    So one setting has one label whoever writes it: a profile, tune, a proposer's
+    `knobs()`, a record of use. Raises PardecUsageError for knobs the method lacks.
+    """
+    from pardec_cli.methods.options import resolve_options
+    from pardec_cli.methods.registry import METHODS, get_spec
+
+    spec = get_spec(method)
+    given = dict(knobs)
+    if "+" in method:
+        parts = method.split("+")
+        spread: dict[str, Any] = {}
+        for key, value in given.items():
+            if "." in key:
+                spread[key] = value
+            else:
+                for part in parts:
+                    if any(o.name == key for o in METHODS[part].options):
+                        spread.setdefault(f"{part}.{key}", value)
+        given = spread
+    values = resolve_options(method, spec.options, given)
+    defaults = {o.name: o.default for o in spec.options}
+    return tuple(sorted((k, v) for k, v in values.items() if v != defaults[k]))
+
+
+def canonical_label(method: str, knobs: Mapping[str, Any]) -> str:
+    """`method_label` of the canonical knobs: 'pld[num_draft=8]' however the knobs were spelled."""
+    return method_label(method, dict(canonical_knobs(method, knobs)))
+
+
+def parse_label(label: str) -> tuple[str, dict[str, Any]]:
+    """'pld[num_draft=8]' -> ("pld", {"num_draft": 8}): the method and its canonical knobs."""
+    method, _, inner = label.partition("[")
+    raw = dict(pair.split("=", 1) for pair in inner.rstrip("]").split(",") if "=" in pair) if inner else {}
+    return method, dict(canonical_knobs(method, raw))
 
 
 def _knob_text(value: Any) -> str:

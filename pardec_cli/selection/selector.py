@@ -9,10 +9,17 @@ tokens plus the drafting, and emits on average t tokens. Relative to plain decod
 where c(n) is the verification cost curve of this model on this device (measured by
 `pardec tune`, else estimated from the hardware: `pardec_cli.selection.costmodel`), a(1) one
 forward of the accelerator (drafter or heads) the candidate needs, and t, d and the
-drafting terms come from the task profile's priors or, better, from tune's
-measurements on this machine. The candidate with the highest expected speed-up wins;
-plain decoding (1.0) is always a candidate, so auto never picks something it expects
-to be slower.
+drafting terms come from the task profile's priors.
+
+Measured beats guessed. A configuration measured on this machine for this profile
+(by `pardec tune`, or by use: `selection.learned`) enters with its measured speed-up,
+and while any is measured, every prior ranks below them: a prior can only win where
+nothing was measured. Measured ones rank by their speed-up shrunk towards 1.0 by how
+few runs stand behind it (`SHRINK_RUNS`), so one lucky prompt does not beat eight
+steady ones. Priors are discounted by how wrong priors have been on this machine: the
+runs-weighted geometric mean of measured / prior over configurations that have both
+(`prior_discount`), never above 1. Plain decoding (1.0) is always a candidate, so auto
+never picks something it expects to be slower.
 
 Nothing here knows a method by name: the profile lists candidates, the registry says
 which methods exist and which accelerator each needs (`MethodSpec.accelerator`), the
@@ -35,12 +42,14 @@ from typing import TYPE_CHECKING, Any
 from pardec_cli.selection.costmodel import CostCurve, ModelShape, estimated_curve, forward_ms
 from pardec_cli.selection.estimates import estimate as device_estimate
 from pardec_cli.hardware import Hardware
-from pardec_cli.selection.profiles import AUTO, Candidate, Profile, knob_problem, method_label
+from pardec_cli.selection.learned import Measurement, merge
+from pardec_cli.selection.profiles import AUTO, Candidate, Profile, canonical_label, knob_problem, method_label, parse_label
 from pardec_cli.store.accelerators import InstalledAccelerator
 from pardec_cli.selection.tasks import TaskGuess, detect_task
 
 if TYPE_CHECKING:
     from pardec_cli.methods.registry import MethodSpec
+    from pardec_cli.selection.learned import Usage
     from pardec_cli.selection.tuned import TunedProfile, TunedResults
 
 AUTO_METHOD = "auto"
@@ -50,6 +59,12 @@ AUTO_METHOD = "auto"
 SAMPLING_DISCOUNT = 0.6
 # An accelerator whose size is unknown is assumed to cost this share of a target forward.
 UNKNOWN_ACCELERATOR_SHARE = 0.15
+# A measured speed-up s over n runs ranks as 1 + (s - 1) * n / (n + SHRINK_RUNS): a
+# configuration measured once counts a third of its gain, one measured eight times 80%.
+SHRINK_RUNS = 2
+# Priors are never discounted below this share of themselves (a handful of bad
+# measurements should not make every prior look worthless).
+MIN_DISCOUNT = 0.25
 
 
 @dataclass(frozen=True)
@@ -60,13 +75,35 @@ class Estimate:
     knobs: dict[str, Any]
     speedup: float  # expected tokens/s over plain decoding's
     tokens_per_step: float
-    step_cost: float  # time of one step, in one-token forwards
-    basis: str  # "prior" (profile data), "tuned" (measured by pardec tune), "baseline"
+    step_cost: float  # time of one step, in one-token forwards (measured ones: implied by tokens and speed-up)
+    basis: str  # "measured" (on this machine: tune or use), "prior" (profile data), "baseline"
     accelerator: str | None = None  # the accelerator reference it uses
+    prior: float | None = None  # a prior's speed-up before the machine's discount
+    measurement: Measurement | None = None  # what a measured one was measured as
 
     @property
     def label(self) -> str:
         return method_label(self.method, self.knobs)
+
+    @property
+    def score(self) -> float:
+        """What ranks it: a measured speed-up shrunk by how few runs it rests on; else the estimate."""
+        if self.measurement is None:
+            return self.speedup
+        runs = self.measurement.runs
+        return 1.0 + (self.speedup - 1.0) * runs / (runs + SHRINK_RUNS)
+
+    def describe(self) -> str:
+        """'measured 1.42x (1.30-1.51) over 12 runs (tune)', 'prior 1.71x, discounted to 1.10x', 'plain decoding'."""
+        if self.basis == "baseline":
+            return "plain decoding"
+        if self.measurement is not None:
+            m = self.measurement
+            spread = f" ({m.low:.2f}-{m.high:.2f})" if m.runs > 1 else ""
+            return f"measured {self.speedup:.2f}x{spread} over {m.runs} run{'s' * (m.runs != 1)} ({m.source})"
+        if self.prior is not None and abs(self.prior - self.speedup) > 0.005:
+            return f"prior {self.prior:.2f}x, discounted to {self.speedup:.2f}x"
+        return f"prior {self.speedup:.2f}x"
 
 
 @dataclass(frozen=True)
@@ -83,6 +120,13 @@ class Choice:
     hardware: Hardware
     task: TaskGuess | None = None  # set when the profile was detected from the prompt
     notes: tuple[str, ...] = ()  # e.g. tuned results that do not apply here
+    discount: float = 1.0  # what priors were multiplied by (how wrong they have been here)
+    discount_basis: str = ""  # why, for people
+
+    @property
+    def measured(self) -> tuple[Estimate, ...]:
+        """The configurations measured on this machine for this profile, best first."""
+        return tuple(e for e in self.ranking if e.basis == "measured")
 
     @property
     def label(self) -> str:
@@ -100,14 +144,19 @@ class Choice:
             f"cost      verifying n tokens costs {self.curve.describe()} one ({self.curve.source})",
         ]
         if est.basis == "baseline":
-            lines.append("expect    no candidate is expected to beat plain decoding here")
+            why = "measured" if self.measured else "expected"
+            lines.append(f"expect    no candidate is {why} to beat plain decoding here")
         else:
-            basis = "measured by pardec tune" if est.basis == "tuned" else "profile prior"
-            lines.append(f"expect    {est.tokens_per_step:.2f} tokens per step ({basis}), "
-                         f"{est.speedup:.2f}x plain decoding")
-        others = [e for e in self.ranking if e is not est][:4]
+            lines.append(f"expect    {est.describe()} plain decoding, {est.tokens_per_step:.2f} tokens per step")
+        if self.measured:
+            lines.append("measured  " + "; ".join(f"{e.label} {e.describe().removeprefix('measured ')}"
+                                                  for e in self.measured[:5]))
+        others = [e for e in self.ranking if e is not est and e.basis == "prior"][:4]
         if others:
-            lines.append("others    " + ", ".join(f"{e.label} {e.speedup:.2f}x" for e in others))
+            head = "priors    " if self.measured else "others    "
+            lines.append(head + ", ".join(f"{e.label} {e.describe()}" for e in others))
+        if self.discount != 1.0 and self.discount_basis:
+            lines.append(f"discount  priors x{self.discount:.2f}: {self.discount_basis}")
         if self.skipped:
             lines.append("skipped   " + "; ".join(f"{label}: {why}" for label, why in self.skipped))
         lines += [f"note      {note}" for note in self.notes]
@@ -145,6 +194,9 @@ def select(
     greedy: bool = True,
     accelerators: Sequence[InstalledAccelerator] = (),
     tuned: TunedProfile | None = None,
+    measured: Sequence[Measurement] = (),
+    discount: float = 1.0,
+    discount_basis: str = "",
     curve: CostCurve | None = None,
     methods: Mapping[str, MethodSpec] | None = None,
     missing: str = "not a method of this pardec version",
@@ -152,10 +204,11 @@ def select(
     """Choose a method for `profile` on `hardware` (pure: everything comes in as arguments).
 
     `curve` is the measured verification cost curve (None: estimated from `hardware` and
-    `model`); `tuned` the measurements tune made for this profile on this machine, which
-    replace the profile's priors for every method they cover; `methods` the method
-    registry (default: pardec's), or the part of it an engine runs (`--engine vllm`),
-    with `missing` saying why the others are skipped.
+    `model`); `tuned` the measurements tune made for this profile on this machine and
+    `measured` any others (use), which rank above every prior; `discount` multiplies
+    the priors' speed-ups (`prior_discount`); `methods` the method registry (default:
+    pardec's), or the part of it an engine runs (`--engine vllm`), with `missing`
+    saying why the others are skipped.
     """
     if methods is None:
         from pardec_cli.methods.registry import METHODS
@@ -163,25 +216,49 @@ def select(
         methods = METHODS
     curve = curve or estimated_curve(device_estimate(hardware), model, hardware.dtype)
     baseline = Estimate("vanilla", {}, 1.0, 1.0, 1.0, "baseline")
-    estimates: list[Estimate] = [baseline]
     skipped: list[tuple[str, str]] = []
 
-    # Tune's winner enters with its measured speed-up; every method tune measured (won or
-    # lost) no longer enters with its prior: a measurement beats a guess. Losers are not
-    # candidates themselves: most were measured on a prompt or two, too few to trust.
-    measured_methods: set[str] = set()
-    if tuned is not None:
-        measured_methods = {tc.method for tc in tuned.candidates}
-        tc = tuned.best_candidate()
-        if tc is not None and tc.method != "vanilla" and unavailable_reason(tc.method, methods, accelerators, missing) is None:
-            tokens = tc.tokens_per_step if greedy else sampled_tokens(tc.tokens_per_step)
-            speedup = tc.speedup * tokens / tc.tokens_per_step
-            estimates.append(Estimate(tc.method, dict(tc.knobs), speedup, tokens, tokens / speedup, "tuned"))
+    found = _measured_estimates([*(tuned_measurements(tuned) if tuned else []), *measured], greedy, methods,
+                                accelerators, missing, skipped)
+    measured_labels = {e.label for e in found}
+    priors = [replace(e, speedup=e.speedup * discount, prior=e.speedup)
+              for e in prior_estimates(hardware=hardware, model=model, profile=profile, greedy=greedy,
+                                       accelerators=accelerators, curve=curve, methods=methods, missing=missing,
+                                       skipped=skipped)
+              if _canonical(e.method, e.knobs) not in measured_labels]
+    # Best first; on equal speed-up the earlier candidate (profile order) stays first.
+    # While anything is measured here, the measured (and plain decoding) rank above
+    # every prior: a guess never beats a measurement.
+    if found:
+        ranking = (*sorted([baseline, *found], key=lambda e: -round(e.score, 6)),
+                   *sorted(priors, key=lambda e: -round(e.speedup, 6)))
+    else:
+        ranking = tuple(sorted([baseline, *priors], key=lambda e: -round(e.speedup, 6)))
+    best = ranking[0]
+    return Choice(best.method, dict(best.knobs), profile.name, best, ranking, tuple(dict.fromkeys(skipped)), curve,
+                  hardware, discount=discount, discount_basis=discount_basis)
 
+
+def prior_estimates(
+    *,
+    hardware: Hardware,
+    model: ModelShape,
+    profile: Profile,
+    greedy: bool,
+    accelerators: Sequence[InstalledAccelerator],
+    curve: CostCurve,
+    methods: Mapping[str, MethodSpec],
+    missing: str = "not a method of this pardec version",
+    skipped: list[tuple[str, str]] | None = None,
+) -> list[Estimate]:
+    """The profile's candidates for `hardware` as the cost model expects them (basis "prior"),
+    labelled canonically; the ones that cannot run here go to `skipped` with a reason."""
+    skipped = skipped if skipped is not None else []
+    estimates = []
     for candidate in profile.candidates_for(hardware):
         label = candidate.label
-        if candidate.method == "vanilla" or candidate.method in measured_methods:
-            continue  # the baseline is always there; tune measured this method here
+        if candidate.method == "vanilla":
+            continue  # the baseline is always there
         why = unavailable_reason(candidate.method, methods, accelerators, missing)
         if why is not None:
             skipped.append((label, why))
@@ -199,12 +276,69 @@ def select(
                 tokens = candidate.tokens_per_step if greedy else sampled_tokens(candidate.tokens_per_step, candidate.sampled_tokens_per_step)
             step_ms = step_cost_ms(candidate, curve, accelerator_ms)
             speedup = tokens * curve.base_ms / step_ms
-            estimates.append(Estimate(candidate.method, knobs, speedup, tokens, step_ms / curve.base_ms, "prior", ref))
+            estimates.append(Estimate(candidate.method, knobs, speedup, tokens,
+                                      step_ms / curve.base_ms, "prior", ref))
+    return estimates
 
-    # Best first; on equal speed-up the earlier candidate (profile order) stays first.
-    ranking = tuple(sorted(estimates, key=lambda e: -round(e.speedup, 6)))
-    best = ranking[0]
-    return Choice(best.method, dict(best.knobs), profile.name, best, ranking, tuple(dict.fromkeys(skipped)), curve, hardware)
+
+def tuned_measurements(tuned: TunedProfile) -> list[Measurement]:
+    """What tune measured for one profile, as measurements (spread from its raw runs)."""
+    from pardec_cli.selection.tuned import measurements
+
+    return measurements(tuned)
+
+
+def prior_discount(pairs: Sequence[tuple[float, float, int]]) -> float | None:
+    """How wrong priors have been here: the runs-weighted geometric mean of measured / prior
+    over (measured, prior, runs) of configurations that have both; None without any.
+    Capped at 1 (priors are never raised) and floored at `MIN_DISCOUNT`."""
+    import math
+
+    usable = [(m, p, n) for m, p, n in pairs if m > 0 and p > 0 and n > 0]
+    if not usable:
+        return None
+    weight = sum(n for _, _, n in usable)
+    mean = math.exp(sum(n * math.log(m / p) for m, p, n in usable) / weight)
+    return min(max(mean, MIN_DISCOUNT), 1.0)
+
+
+def _canonical(method: str, knobs: dict[str, Any]) -> str:
+    """The label in the one spelling tune and use records write (as given for unknown methods)."""
+    from pardec_cli.errors import PardecUsageError
+
+    try:
+        return canonical_label(method, knobs)
+    except (PardecUsageError, KeyError):
+        return method_label(method, knobs)
+
+
+def _measured_estimates(
+    measurements: Sequence[Measurement], greedy: bool, methods: Mapping[str, MethodSpec],
+    accelerators: Sequence[InstalledAccelerator], missing: str, skipped: list[tuple[str, str]],
+) -> list[Estimate]:
+    """One measured estimate per label (tune's and use's merged) that can still run here."""
+    from pardec_cli.errors import PardecUsageError
+
+    by_label: dict[str, list[Measurement]] = {}
+    for m in measurements:
+        by_label.setdefault(m.label, []).append(m)
+    found = []
+    for label, items in by_label.items():
+        m = merge(items)
+        try:
+            method, knobs = parse_label(label)
+        except (PardecUsageError, KeyError, ValueError):
+            continue  # a method this pardec no longer has: its measurement cannot be run
+        if method == "vanilla":
+            continue
+        why = unavailable_reason(method, methods, accelerators, missing)
+        if why is not None:
+            skipped.append((label, why))
+            continue
+        tokens = m.tokens_per_step if greedy else sampled_tokens(m.tokens_per_step)
+        speedup = m.speedup * tokens / m.tokens_per_step if m.tokens_per_step > 0 else m.speedup
+        found.append(Estimate(method, knobs, speedup, tokens, tokens / speedup, "measured", measurement=m))
+    return found
 
 
 def unavailable_reason(
@@ -276,6 +410,8 @@ class AutoSelector:
     """The inputs of `select` that do not change between prompts, gathered once.
 
     `choose(prompt, profile)` then costs a task detection and a few multiplications.
+    `usage` is what generations measured here (`selection.learned`); with `tuned`, it
+    makes the measured configurations of each profile and the discount on priors.
     """
 
     def __init__(
@@ -286,6 +422,7 @@ class AutoSelector:
         profiles: Mapping[str, Profile],
         accelerators: Sequence[InstalledAccelerator] = (),
         tuned: TunedResults | None = None,
+        usage: Usage | None = None,
         notes: Sequence[str] = (),
         methods: Mapping[str, MethodSpec] | None = None,
         missing: str = "not a method of this pardec version",
@@ -295,38 +432,87 @@ class AutoSelector:
         self.profiles = dict(profiles)
         self.accelerators = list(accelerators)
         self.tuned = tuned
+        self.usage = usage
         self.notes = tuple(notes)
         # The methods auto may choose (None: every registered one), and why the others
         # are skipped: `--engine vllm` passes the part of the registry vLLM runs.
         self.methods, self.missing = methods, missing
+        self._discount: tuple[float, str] | None = None
 
     @classmethod
     def for_session(cls, session: Any, *, drafters: Sequence[str] = ()) -> AutoSelector:
         """Everything about a loaded `Session`: hardware, installed accelerators (plus
-        `drafters` given on the command line), profiles, and the tuned results that
-        match this model, device and dtype exactly."""
-        from pardec_cli.hardware import cpu_info, cuda_devices, describe
+        `drafters` given on the command line), profiles, the tuned results that match
+        this model, device and dtype exactly, and what use measured for them."""
+        from pardec_cli.selection.learned import learning_enabled, read_usage
         from pardec_cli.selection.profiles import load_profiles
         from pardec_cli.store.accelerators import installed_accelerators, local_path, sized_accelerator
-        from pardec_cli.selection.tuned import find_results, fingerprint_config, fingerprint_directory, unusable_results
+        from pardec_cli.selection.tuned import find_results, unusable_results
 
-        gpus = cuda_devices() if session.device.startswith("cuda") else []
-        hardware = describe(session.device, session.dtype, cpu_info(), gpus)
-        model = session.target.model
-        parameters = sum(p.numel() for p in model.parameters())
-        shape = ModelShape(parameters, int(getattr(model.config, "num_hidden_layers", 1) or 1))
-        path = getattr(session, "model_path", None)
-        fingerprint = fingerprint_directory(path) if path else fingerprint_config(model.config.to_dict(), parameters)
-        info = ModelInfo(session.model_name, shape, fingerprint, path, getattr(session, "model_repo", None))
+        hardware, info = session_model(session)
+        path = info.path
         accelerators = (
             installed_accelerators(info.name, info.repo, source=getattr(session, "model_source", None), path=path)
             if path else []
         )
         for ref in drafters:
             accelerators.insert(0, sized_accelerator("drafter", ref, local_path(ref)))
-        tuned = find_results(fingerprint, hardware.key, hardware.dtype)
-        notes = unusable_results(info.name, fingerprint, hardware.key, hardware.dtype)
-        return cls(hardware, info, profiles=load_profiles(), accelerators=accelerators, tuned=tuned, notes=notes)
+        tuned = find_results(info.fingerprint, hardware.key, hardware.dtype)
+        notes = unusable_results(info.name, info.fingerprint, hardware.key, hardware.dtype)
+        usage = read_usage(info.fingerprint, hardware.key, hardware.dtype) if learning_enabled() else None
+        return cls(hardware, info, profiles=load_profiles(), accelerators=accelerators, tuned=tuned, usage=usage,
+                   notes=notes)
+
+    @property
+    def curve(self) -> CostCurve:
+        """The verification cost curve: tune's measured one, else estimated."""
+        if self.tuned is not None and self.tuned.curve is not None:
+            return self.tuned.curve
+        return estimated_curve(device_estimate(self.hardware), self.model.shape, self.hardware.dtype)
+
+    def measured(self, profile: str) -> list[Measurement]:
+        """Every measurement for `profile` on this machine: tune's and use's (not merged)."""
+        found: list[Measurement] = []
+        tuned_profile = self.tuned.profiles.get(profile) if self.tuned else None
+        if tuned_profile is not None:
+            found += tuned_measurements(tuned_profile)
+        if self.usage is not None:
+            base = self.tuned.curve.base_ms if self.tuned is not None and self.tuned.curve is not None else None
+            found += self.usage.measurements(profile, curve_base_ms=base)
+        return found
+
+    def ranking(self, profile: str) -> list[Measurement]:
+        """`profile`'s measured configurations, tune's and use's merged per label, best first."""
+        by_label: dict[str, list[Measurement]] = {}
+        for m in self.measured(profile):
+            by_label.setdefault(m.label, []).append(m)
+        return sorted((merge(items) for items in by_label.values()), key=lambda m: -m.speedup)
+
+    def discount(self) -> tuple[float, str]:
+        """(factor on priors, why): measured / prior over every configuration here that has both."""
+        if self._discount is None:
+            pairs = []
+            curve = self.curve
+            methods = self.methods
+            if methods is None:
+                from pardec_cli.methods.registry import METHODS
+
+                methods = METHODS
+            for name, profile in self.profiles.items():
+                measured = self.ranking(name)
+                if not measured:
+                    continue
+                priors = {_canonical(e.method, e.knobs): e.speedup for e in prior_estimates(
+                    hardware=self.hardware, model=self.model.shape, profile=profile, greedy=True,
+                    accelerators=self.accelerators, curve=curve, methods=methods, missing=self.missing)}
+                pairs += [(m.speedup, priors[m.label], m.runs, m.label) for m in measured if m.label in priors]
+            factor = prior_discount([(m, p, n) for m, p, n, _ in pairs])
+            if factor is None:
+                self._discount = (1.0, "")
+            else:
+                self._discount = (factor, f"measured / prior over {len(pairs)} configuration"
+                                          f"{'s' * (len(pairs) != 1)} measured here ({', '.join(p[3] for p in pairs[:3])})")
+        return self._discount
 
     def choose(self, prompt: str | None, profile: str = AUTO, *, greedy: bool = True) -> Choice:
         """The choice for `prompt` (its task detected when `profile` is "auto")."""
@@ -338,19 +524,37 @@ class AutoSelector:
             from pardec_cli.errors import PardecUsageError
 
             raise PardecUsageError(f"unknown profile {profile!r}; choose from: auto, {', '.join(self.profiles)}")
-        tuned_profile = self.tuned.profiles.get(profile) if self.tuned else None
+        factor, why = self.discount()
         choice = select(
             hardware=self.hardware,
             model=self.model.shape,
             profile=self.profiles[profile],
             greedy=greedy,
             accelerators=self.accelerators,
-            tuned=tuned_profile,
+            measured=self.measured(profile),
+            discount=factor,
+            discount_basis=why,
             curve=self.tuned.curve if self.tuned else None,
             methods=self.methods,
             missing=self.missing,
         )
         return replace(choice, task=task, notes=self.notes)
+
+
+def session_model(session: Any) -> tuple[Hardware, ModelInfo]:
+    """The hardware a loaded `Session` runs on and what auto knows of its model (its
+    fingerprint: the weights' files, else its config and size)."""
+    from pardec_cli.hardware import cpu_info, cuda_devices, describe
+    from pardec_cli.selection.tuned import fingerprint_config, fingerprint_directory
+
+    gpus = cuda_devices() if session.device.startswith("cuda") else []
+    hardware = describe(session.device, session.dtype, cpu_info(), gpus)
+    model = session.target.model
+    parameters = sum(p.numel() for p in model.parameters())
+    shape = ModelShape(parameters, int(getattr(model.config, "num_hidden_layers", 1) or 1))
+    path = getattr(session, "model_path", None)
+    fingerprint = fingerprint_directory(path) if path else fingerprint_config(model.config.to_dict(), parameters)
+    return hardware, ModelInfo(session.model_name, shape, fingerprint, path, getattr(session, "model_repo", None))
 
 
 def choose(session: Any, prompt: str | None, profile: str = AUTO, sampling: Any = None) -> Choice:

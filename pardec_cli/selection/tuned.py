@@ -21,7 +21,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pardec_cli import __version__, statefile
 from pardec_cli.selection.costmodel import CostCurve
@@ -29,6 +29,9 @@ from pardec_cli.errors import PardecError
 from pardec_cli.home import pardec_home
 from pardec_cli.statefile import MapOf, Optional, StateFileError, check_shape
 from pardec_cli.store.records import now
+
+if TYPE_CHECKING:
+    from pardec_cli.selection.learned import Measurement
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,6 +121,34 @@ class TunedResults:
 
     def matches(self, fingerprint: str, device: str, dtype: str) -> bool:
         return (self.fingerprint, self.device, self.dtype) == (fingerprint, device, dtype)
+
+
+def measurements(profile: TunedProfile) -> list[Measurement]:
+    """Tune's candidates for one profile as measurements (canonical labels), best first."""
+    found = [candidate_measurement(profile, c) for c in profile.candidates if c.method != "vanilla"]
+    return sorted(found, key=lambda m: -m.speedup)
+
+
+def candidate_measurement(profile: TunedProfile, candidate: TunedCandidate) -> Measurement:
+    """One candidate as a measurement, with the spread of its per-prompt speed-ups (its
+    tokens/s over vanilla's on the same prompt, from the profile's raw runs)."""
+    from pardec_cli.selection.learned import Measurement, spread
+
+    vanilla = {r.prompt: r for r in profile.runs if r.label == "vanilla" and r.seconds > 0}
+    per_prompt = [(r.tokens / r.seconds) / (vanilla[r.prompt].tokens / vanilla[r.prompt].seconds)
+                  for r in profile.runs if r.label == candidate.label and r.prompt in vanilla and r.seconds > 0]
+    low, high = spread(per_prompt) if per_prompt else (candidate.speedup, candidate.speedup)
+    return Measurement(_canonical_label(candidate), candidate.speedup, max(candidate.prompts, 1),
+                       candidate.tokens_per_step, low, high, "tune")
+
+
+def _canonical_label(candidate: TunedCandidate) -> str:
+    from pardec_cli.selection.profiles import canonical_label
+
+    try:
+        return canonical_label(candidate.method, candidate.knobs)
+    except (PardecError, KeyError):
+        return candidate.label
 
 
 # ------------------------------------------------------------- fingerprints

@@ -15,6 +15,7 @@ from typing import Any
 
 from pardec_cli.tuning.prompts import TunePrompt
 from pardec_cli.selection.tuned import Run
+from pardec_cli.schedule import WARM_UP_TOKENS
 from pardec_cli.tuning.search import VANILLA
 from pardec_cli.tuning.space import TuneCandidate
 
@@ -53,11 +54,12 @@ class SessionEvaluator:
         if label not in self._warm:
             # A method's first generation pays one-time costs (allocations, lazily built
             # tables): keep them out of its measurement, as `pardec bench` does.
-            for _ in self.session.stream(ids, max_new_tokens=8, proposer=proposer):
+            for _ in self.session.stream(ids, max_new_tokens=WARM_UP_TOKENS, proposer=proposer, record=False):
                 pass
             self._warm.add(label)
         start = perf_counter()
-        stream = self.session.stream(ids, max_new_tokens=self.max_new_tokens, proposer=proposer)
+        # record=False: tune keeps its own runs; they are not use (`selection.learned`).
+        stream = self.session.stream(ids, max_new_tokens=self.max_new_tokens, proposer=proposer, record=False)
         for _ in stream:
             pass
         return stream.token_ids, perf_counter() - start, stream.stats

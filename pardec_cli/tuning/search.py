@@ -22,10 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from pardec_cli.selection.costmodel import CostCurve
+from pardec_cli.schedule import interleaved
 from pardec_cli.selection.tuned import Run
 
+P = TypeVar("P")  # a prompt, as the caller names it (tune: an id; bench: an index)
 VANILLA = "vanilla"
 # Screening drops candidates predicted slower than this share of the best prediction.
 SCREEN_KEEP_RATIO = 0.8
@@ -100,123 +103,156 @@ def predicted_speedup(runs: Sequence[Run], curve: CostCurve) -> float | None:
     return tokens_per_step * curve.base_ms / (curve.ms(1 + drafted) + draft_ms)
 
 
-def successive_halving(
-    labels: Sequence[str],
-    prompts: Sequence[str],
-    *,
-    measure: Callable[[str, str], Run],
-    clock: Callable[[], float],
-    config: SearchConfig,
-    curve: CostCurve,
-    previous: Sequence[Run] = (),
-    on_run: Callable[[Run], None] | None = None,
-    on_progress: Callable[[Progress], None] | None = None,
-) -> tuple[Outcome, list[Run]]:
-    """Search `labels` (vanilla is added as the reference) over `prompts`.
+class SuccessiveHalving:
+    """One search over `labels` (vanilla is added as the reference) on `prompts`.
 
-    Returns the outcome and every run (`previous` ones included). `on_run` is called
-    after each new run (to save it); a KeyboardInterrupt raised inside `measure` or a
-    callback propagates after nothing is lost: the runs so far went through `on_run`.
+    `run()` returns the outcome and every run (`previous` ones included). `on_run` is
+    called after each new run (to save it); a KeyboardInterrupt raised inside `measure`
+    or a callback propagates after nothing is lost: the runs so far went through `on_run`.
     """
-    start = clock()
-    runs: list[Run] = list(previous)
-    have = {(r.label, r.prompt) for r in runs}
-    candidates = [label for label in dict.fromkeys(labels) if label != VANILLA]
-    outcome = Outcome()
-    done = 0
-    seconds_per_run = _seconds_per_run(runs, config.run_estimate_s)
 
-    def remaining() -> float:
-        return config.budget_s - (clock() - start)
+    def __init__(
+        self,
+        labels: Sequence[str],
+        prompts: Sequence[str],
+        *,
+        measure: Callable[[str, str], Run],
+        clock: Callable[[], float],
+        config: SearchConfig,
+        curve: CostCurve,
+        previous: Sequence[Run] = (),
+        on_run: Callable[[Run], None] | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        self.prompts = list(prompts)
+        self.measure, self.clock, self.config, self.curve = measure, clock, config, curve
+        self.on_run, self.on_progress = on_run, on_progress
+        self.candidates = [label for label in dict.fromkeys(labels) if label != VANILLA]
+        self.runs: list[Run] = list(previous)
+        self.have = {(r.label, r.prompt) for r in self.runs}
+        self.outcome = Outcome()
+        self.done = 0  # runs measured by this search (reused ones not counted)
+        self.planned = 0  # runs planned for the current phase and the ones before it
+        self.seconds_per_run = _seconds_per_run(self.runs, config.run_estimate_s)
+        self.start = 0.0
 
-    def run_phase(phase: str, members: list[str], phase_prompts: Sequence[str], planned: int) -> bool:
+    def remaining(self) -> float:
+        """Seconds of the budget left."""
+        return self.config.budget_s - (self.clock() - self.start)
+
+    def run(self) -> tuple[Outcome, list[Run]]:
+        """Screen, then halve; raises BudgetTooSmall before measuring when not even the screen fits."""
+        self.start = self.clock()
+        screen = self.prompts[: max(self.config.screen_prompts, 1)]
+        survivors = self._screen(screen)
+        if survivors is None:
+            return self.outcome, self.runs
+        self._halve(survivors, screen)
+        return self.outcome, self.runs
+
+    # -- phases ---------------------------------------------------------------------------
+
+    def _screen(self, screen: list[str]) -> list[str] | None:
+        """Every candidate on the first prompts; the curve predicts, the worst go. None: out of budget."""
+        self.planned = len(screen) * (len(self.candidates) + 1)
+        needed = self.planned - _already(self.have, [VANILLA, *self.candidates], screen)
+        if not _fits(self.config.budget_s, self.seconds_per_run, needed):
+            raise BudgetTooSmall(
+                f"screening {len(self.candidates)} candidates needs about {self.planned * self.seconds_per_run / 60:.1f} min here"
+            )
+        if not self._measure_phase("screen", self.candidates, screen):
+            self.outcome.stop_reason = "the budget ran out while screening"
+            screened = [c for c in self.candidates if all((c, p) in self.have for p in screen)]
+            self._finish(screened, screen)
+            return None
+        survivors = self._drop_mismatches(self.candidates)
+        for label in survivors:
+            self.outcome.rounds[label] = 0
+        predicted = {label: predicted_speedup([r for r in self.runs if r.label == label and r.prompt in screen], self.curve)
+                     or 0.0 for label in survivors}
+        best_predicted = max(predicted.values(), default=0.0)
+        kept = [label for label in survivors if predicted[label] >= SCREEN_KEEP_RATIO * best_predicted]
+        for label in survivors:
+            if label not in kept:
+                self.outcome.dropped[label] = (
+                    f"predicted {predicted[label]:.2f}x from its tokens per step and the cost curve, "
+                    f"under {SCREEN_KEEP_RATIO:.0%} of the best ({best_predicted:.2f}x)")
+        return kept
+
+    def _halve(self, survivors: list[str], used_prompts: list[str]) -> None:
+        """Successive halving on measured speed over doubling prompt sets, then the winner
+        alone against vanilla on the remaining prompts (a better estimate of its speed-up
+        for auto; cut short by the budget, the search still counts as done)."""
+        prompts = self.prompts
+        round_number = 0
+        while survivors and (len(survivors) > 1 or len(used_prompts) < len(prompts)):
+            round_number += 1
+            if len(survivors) > 1 and len(used_prompts) == len(prompts):
+                survivors = _keep(self.outcome, self.runs, survivors, used_prompts, 1, round_number)
+                continue
+            confirming = len(survivors) == 1
+            target = len(prompts) if confirming else min(len(prompts), max(2 * len(used_prompts), len(used_prompts) + 1))
+            round_prompts = prompts[:target]
+            self.planned += (len(round_prompts) - len(used_prompts)) * (len(survivors) + 1)
+            phase = "confirm" if confirming else f"round {round_number}"
+            if not self._measure_phase(phase, survivors, round_prompts):
+                self.outcome.complete = confirming
+                self.outcome.stop_reason = f"the budget ran out ({phase})"
+                if confirming:  # rank on the prompts both the winner and vanilla ran on
+                    used_prompts = [p for p in round_prompts if (survivors[0], p) in self.have and (VANILLA, p) in self.have]
+                self._finish(survivors, used_prompts)
+                return
+            survivors = self._drop_mismatches(survivors)
+            used_prompts = round_prompts
+            for label in survivors:
+                self.outcome.rounds[label] = round_number
+            if len(survivors) > 1:
+                keep = 1 if len(used_prompts) == len(prompts) else max(1, math.ceil(len(survivors) / self.config.eta))
+                survivors = _keep(self.outcome, self.runs, survivors, used_prompts, keep, round_number)
+        self.outcome.complete = True
+        self.outcome.stop_reason = "done"
+        self._finish(survivors, used_prompts)
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def _measure_phase(self, phase: str, members: list[str], phase_prompts: Sequence[str]) -> bool:
         """Measure what is missing for `members` (and vanilla) on `phase_prompts`,
-        interleaved prompt by prompt; False when the budget ran out first."""
-        nonlocal done, seconds_per_run
-        order = [VANILLA, *members]
-        for index, prompt in enumerate(phase_prompts):
-            shift = index % len(order)
-            for label in order[shift:] + order[:shift]:
-                if (label, prompt) in have:
-                    continue
-                if remaining() < seconds_per_run:
-                    return False
-                run = measure(label, prompt)
-                runs.append(run)
-                have.add((label, prompt))
-                done += 1
-                seconds_per_run = _seconds_per_run(runs, config.run_estimate_s)
-                if on_run:
-                    on_run(run)
-                if on_progress:
-                    ranked = _ranked(runs, members, phase_prompts[: index + 1])
-                    best = ranked[0] if ranked else (None, None)
-                    on_progress(Progress(phase, done, planned, best[0], best[1], clock() - start, max(remaining(), 0.0)))
+        interleaved prompt by prompt (`interleaved`); False when the budget ran out first."""
+        for index, prompt, label in interleaved([VANILLA, *members], phase_prompts):
+            if (label, prompt) in self.have:
+                continue
+            if self.remaining() < self.seconds_per_run:
+                return False
+            run = self.measure(label, prompt)
+            self.runs.append(run)
+            self.have.add((label, prompt))
+            self.done += 1
+            self.seconds_per_run = _seconds_per_run(self.runs, self.config.run_estimate_s)
+            if self.on_run:
+                self.on_run(run)
+            if self.on_progress:
+                ranked = _ranked(self.runs, members, phase_prompts[: index + 1])
+                best = ranked[0] if ranked else (None, None)
+                self.on_progress(Progress(phase, self.done, self.planned, best[0], best[1], self.clock() - self.start,
+                                          max(self.remaining(), 0.0)))
         return True
 
-    def drop_mismatches(members: list[str]) -> list[str]:
-        if not config.exact:
+    def _drop_mismatches(self, members: list[str]) -> list[str]:
+        if not self.config.exact:
             return members
-        bad = {r.label for r in runs if not r.match and r.label in members}
+        bad = {r.label for r in self.runs if not r.match and r.label in members}
         for label in bad:
-            outcome.dropped[label] = "its output differed from vanilla's (a bug: please report it)"
+            self.outcome.dropped[label] = "its output differed from vanilla's (a bug: please report it)"
         return [m for m in members if m not in bad]
 
-    # -- screening: every candidate on a few prompts; the curve predicts, the worst go.
-    screen = list(prompts[: max(config.screen_prompts, 1)])
-    planned = len(screen) * (len(candidates) + 1)
-    if not _fits(config.budget_s, seconds_per_run, planned - _already(have, [VANILLA, *candidates], screen)):
-        raise BudgetTooSmall(
-            f"screening {len(candidates)} candidates needs about {planned * seconds_per_run / 60:.1f} min here"
-        )
-    if not run_phase("screen", candidates, screen, planned):
-        outcome.stop_reason = "the budget ran out while screening"
-        screened = [c for c in candidates if all((c, p) in have for p in screen)]
-        return _finish(outcome, runs, screened, screen), runs
-    survivors = drop_mismatches(candidates)
-    for label in survivors:
-        outcome.rounds[label] = 0
-    predicted = {label: predicted_speedup([r for r in runs if r.label == label and r.prompt in screen], curve) or 0.0
-                 for label in survivors}
-    best_predicted = max(predicted.values(), default=0.0)
-    kept = [label for label in survivors if predicted[label] >= SCREEN_KEEP_RATIO * best_predicted]
-    for label in survivors:
-        if label not in kept:
-            outcome.dropped[label] = (f"predicted {predicted[label]:.2f}x from its tokens per step and the cost "
-                                      f"curve, under {SCREEN_KEEP_RATIO:.0%} of the best ({best_predicted:.2f}x)")
-    survivors = kept
-    used_prompts = screen
+    def _finish(self, members: list[str], prompts: Sequence[str]) -> None:
+        """Rank what survived on the prompts every survivor ran on."""
+        self.outcome.ranking = _ranked(self.runs, members, prompts)
 
-    # -- successive halving on measured speed over doubling prompt sets, then the
-    #    winner alone against vanilla on the remaining prompts (a better estimate of its
-    #    speed-up for auto; cut short by the budget, the search still counts as done).
-    round_number = 0
-    while survivors and (len(survivors) > 1 or len(used_prompts) < len(prompts)):
-        round_number += 1
-        if len(survivors) > 1 and len(used_prompts) == len(prompts):
-            survivors = _keep(outcome, runs, survivors, used_prompts, 1, round_number)
-            continue
-        confirming = len(survivors) == 1
-        target = len(prompts) if confirming else min(len(prompts), max(2 * len(used_prompts), len(used_prompts) + 1))
-        round_prompts = list(prompts[:target])
-        planned += (len(round_prompts) - len(used_prompts)) * (len(survivors) + 1)
-        phase = "confirm" if confirming else f"round {round_number}"
-        if not run_phase(phase, survivors, round_prompts, planned):
-            outcome.complete = confirming
-            outcome.stop_reason = f"the budget ran out ({phase})"
-            if confirming:  # rank on the prompts both the winner and vanilla ran on
-                used_prompts = [p for p in round_prompts if (survivors[0], p) in have and (VANILLA, p) in have]
-            return _finish(outcome, runs, survivors, used_prompts), runs
-        survivors = drop_mismatches(survivors)
-        used_prompts = round_prompts
-        for label in survivors:
-            outcome.rounds[label] = round_number
-        if len(survivors) > 1:
-            keep = 1 if len(used_prompts) == len(prompts) else max(1, math.ceil(len(survivors) / config.eta))
-            survivors = _keep(outcome, runs, survivors, used_prompts, keep, round_number)
-    outcome.complete = True
-    outcome.stop_reason = "done"
-    return _finish(outcome, runs, survivors, used_prompts), runs
+
+def successive_halving(labels: Sequence[str], prompts: Sequence[str], **kwargs: Any) -> tuple[Outcome, list[Run]]:
+    """`SuccessiveHalving(labels, prompts, **kwargs).run()`."""
+    return SuccessiveHalving(labels, prompts, **kwargs).run()
 
 
 def _keep(outcome: Outcome, runs: list[Run], members: list[str], prompts: Sequence[str], keep: int, round_number: int) -> list[str]:
@@ -225,12 +261,6 @@ def _keep(outcome: Outcome, runs: list[Run], members: list[str], prompts: Sequen
     for label, value in ranked[keep:]:
         outcome.dropped[label] = f"{value:.2f}x over {len(prompts)} prompts in round {round_number}, behind the best {keep}"
     return [label for label, _ in ranked[:keep]]
-
-
-def _finish(outcome: Outcome, runs: list[Run], members: list[str], prompts: Sequence[str]) -> Outcome:
-    """Rank what survived on the prompts every survivor ran on."""
-    outcome.ranking = _ranked(runs, members, prompts)
-    return outcome
 
 
 def _ranked(runs: Sequence[Run], labels: Sequence[str], prompts: Sequence[str]) -> list[tuple[str, float]]:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pardec_cli.hardware import Hardware
-from pardec_cli.methods.options import MethodOption, resolve_options
+from pardec_cli.methods.options import MethodOption
 from pardec_cli.methods.registry import METHODS, MethodSpec, get_spec
-from pardec_cli.selection.profiles import Profile, method_label
+from pardec_cli.selection.profiles import Profile, canonical_knobs, method_label
 from pardec_cli.store.accelerators import InstalledAccelerator
 
 
@@ -43,23 +43,7 @@ class TuneCandidate:
 def normalize(method: str, knobs: Mapping[str, Any]) -> TuneCandidate:
     """Canonical form: typed values, defaults dropped, a combination's plain knobs
     spread to PART.KNOB for every part that has them."""
-    spec = get_spec(method)
-    given = dict(knobs)
-    if "+" in method:
-        parts = method.split("+")
-        spread: dict[str, Any] = {}
-        for key, value in given.items():
-            if "." in key:
-                spread[key] = value
-            else:
-                for part in parts:
-                    if any(o.name == key for o in METHODS[part].options):
-                        spread.setdefault(f"{part}.{key}", value)
-        given = spread
-    values = resolve_options(method, spec.options, given)
-    defaults = {o.name: o.default for o in spec.options}
-    kept = tuple(sorted((k, v) for k, v in values.items() if v != defaults[k]))
-    return TuneCandidate(method, kept)
+    return TuneCandidate(method, canonical_knobs(method, knobs))
 
 
 def neighbours(candidate: TuneCandidate) -> list[TuneCandidate]:
@@ -90,8 +74,9 @@ def candidate_pool(
     accelerators: Sequence[InstalledAccelerator] = (),
     methods: Mapping[str, MethodSpec] = METHODS,
     only: Sequence[str] = (),
+    neighbours_too: bool = True,
 ) -> list[TuneCandidate]:
-    """Seeds first (profile order), then their neighbours; each setting once."""
+    """Seeds first (profile order), then (with `neighbours_too`) their neighbours; each setting once."""
     from pardec_cli.selection.selector import unavailable_reason  # the same filter auto applies
 
     seeds: list[TuneCandidate] = []
@@ -111,6 +96,8 @@ def candidate_pool(
         else:
             seeds.append(normalize(method, knobs))
     pool = list(dict.fromkeys(seeds))
+    if not neighbours_too:
+        return pool
     for seed in seeds:
         for near in neighbours(seed):
             if near not in pool:

@@ -7,6 +7,10 @@
        budget), run the successive-halving search on the profile's prompts, and save
        after every run, so Ctrl-C or a crash loses at most the run in progress.
 
+By default the pool is the profile's own candidates for this hardware, at most
+`QUICK_CANDIDATES` of them (a useful result in a few minutes); `thorough` adds every
+candidate's neighbouring knob settings (the longer search).
+
 Generation goes through the session (the one decoding loop); nothing here decodes.
 """
 
@@ -29,6 +33,9 @@ from pardec_cli.tuning.space import TuneCandidate, candidate_pool
 CURVE_REPEATS = 3
 CONTEXT_TOKENS = 300
 SCREEN_SHARE = 0.4  # at most this share of a profile's budget goes to screening
+QUICK_CANDIDATES = 3  # the quick search's pool per profile: the profile's first candidates
+SCREEN_RUNS = 3  # the smallest useful search: vanilla and two candidates on one prompt
+MIN_TOKENS = 24  # a slow machine's quick tune shortens its runs down to this, rather than refuse
 
 
 @dataclass
@@ -40,13 +47,14 @@ class TuneRequest:
     max_new_tokens: int = 96
     prompts_file: Path | None = None
     methods: list[str] = field(default_factory=list)  # empty: every candidate
+    thorough: bool = False  # also the neighbouring knob settings of every candidate
 
 
 @dataclass
 class TuneEvent:
     """Progress for the front end: the curve ("curve", done, total) or a profile's search."""
 
-    stage: str  # "curve", "search", "skip", "done", "note"
+    stage: str  # "stage" (what starts now), "curve", "search", "skip", "done", "note"
     profile: str | None = None
     done: int = 0
     total: int = 0
@@ -100,6 +108,10 @@ class Tuner:
         info = self.selector.model
         self.results = self.selector.tuned or TunedResults(info.name, info.fingerprint, self.hardware.key, self.hardware.dtype)
         self.prompts = self._prompts()
+        # What one run generates and how often each curve point is timed: the request's,
+        # unless a quick tune on a slow (or busy) machine has to measure less to fit.
+        self.max_new_tokens = request.max_new_tokens
+        self.curve_repeats = CURVE_REPEATS
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -130,9 +142,8 @@ class Tuner:
     # -- estimates --------------------------------------------------------------------------
 
     def probe_ms(self) -> float:
-        """One-token forward time: from the saved curve, else measured once now (a second)."""
-        if self.results.curve is not None:
-            return self.results.curve.base_ms
+        """One-token forward time, measured now (about a second): a saved curve's may be
+        stale when the machine is busier or quieter than when it was measured."""
         import torch
 
         target = self.session.target
@@ -149,7 +160,7 @@ class Tuner:
 
     def run_estimate_s(self, base_ms: float) -> float:
         """Seconds one vanilla generation of `max_new_tokens` takes here, roughly."""
-        return self.request.max_new_tokens * base_ms / 1000 * 1.15 + 0.05
+        return self.max_new_tokens * base_ms / 1000 * 1.15 + 0.05
 
     def curve_estimate_s(self, base_ms: float) -> float:
         """Seconds measuring the curve takes: the estimated curve's shape at the probed speed."""
@@ -158,13 +169,29 @@ class Tuner:
         from pardec_cli.selection.costmodel import CURVE_POINTS
 
         estimate = estimated_curve(device_estimate(self.hardware), self.selector.model.shape, self.hardware.dtype)
-        return CURVE_REPEATS * sum(estimate.relative(n) for n in CURVE_POINTS) * base_ms / 1000 + 1.0
+        return self.curve_repeats * sum(estimate.relative(n) for n in CURVE_POINTS) * base_ms / 1000 + 1.0
 
     def check_budget(self) -> tuple[float, float]:
-        """(probe ms, seconds per run); a budget that cannot measure anything is an error."""
+        """(probe ms, seconds per run); a budget that cannot measure anything is an error.
+
+        A quick tune on a machine too slow (or too busy) for its budget measures less
+        instead: each curve point timed once, and runs shortened (not below
+        `MIN_TOKENS`) until the curve and three runs take at most half the budget.
+        """
         base_ms = self.probe_ms()
         run_s = self.run_estimate_s(base_ms)
         minimum = self.curve_estimate_s(base_ms) + 3 * run_s  # the curve, vanilla and two candidates once
+        if self.request.budget_s < 2 * minimum and not self.request.thorough:
+            self.curve_repeats = 1
+            per_token_s = base_ms / 1000 * 1.15
+            room = self.request.budget_s / 2 - self.curve_estimate_s(base_ms)
+            fitting = int(room / 3 / per_token_s) if room > 0 else 0
+            self.max_new_tokens = min(self.max_new_tokens, max(MIN_TOKENS, fitting))
+            run_s = self.run_estimate_s(base_ms)
+            minimum = self.curve_estimate_s(base_ms) + 3 * run_s
+            if self.max_new_tokens < self.request.max_new_tokens:
+                self.on_event(TuneEvent("note", message=f"this machine is slow for a {self.request.budget_s / 60:g}-minute "
+                                        f"budget: {self.max_new_tokens} tokens a run, the curve timed once"))
         if self.request.budget_s < minimum:
             raise PardecUsageError(
                 f"a budget of {self.request.budget_s / 60:.1f} min is too small to measure anything here: "
@@ -177,26 +204,33 @@ class Tuner:
 
     def run(self) -> TunedResults:
         """Tune every requested profile; results are saved as they come."""
+        self.on_event(TuneEvent("stage", message="warming up"))
         self.session.target.warm()  # compiling (compiled runner) is not measuring: outside the budget
         started = self.clock()
         todo = [name for name in self.request.profiles if not self._already_done(name)]
         if not todo and self.results.curve is not None:
             return self.results
+        self.on_event(TuneEvent("stage", message="timing one forward"))
         _, run_s = self.check_budget()
         if self.results.curve is None:
+            self.on_event(TuneEvent("stage", message="cost curve"))
             self.results.curve = self._measure_curve()
             self._save()
         curve = self.results.curve
         for index, name in enumerate(todo):
             left = self.request.budget_s - (self.clock() - started)
-            share = left / (len(todo) - index)
+            # An equal share, unless that cannot screen anything (vanilla and two candidates
+            # on one prompt) while the whole rest could: then the earlier profiles get what
+            # they need and the later ones what is left (a slow machine tunes some
+            # profiles rather than none).
+            share = max(left / (len(todo) - index), min(left, SCREEN_RUNS * run_s))
             self._tune_profile(name, share, curve, run_s)
         return self.results
 
     def _already_done(self, name: str) -> bool:
         done = self.results.profiles.get(name)
         if done is not None and done.complete and done.prompts == self.prompts_source \
-                and done.max_new_tokens == self.request.max_new_tokens:
+                and done.max_new_tokens in (self.request.max_new_tokens, self.max_new_tokens):
             self.on_event(TuneEvent("skip", name, message=f"{name}: already tuned ({done.best}); "
                                     "`pardec tune --reset` to measure again"))
             return True
@@ -207,7 +241,7 @@ class Tuner:
 
         prompt = next(iter(self.prompts.values()))[0].text
         context = self.session.encode(prompt * (CONTEXT_TOKENS // 40 + 1))[:CONTEXT_TOKENS]
-        return measure_curve(self.session, context, repeats=CURVE_REPEATS,
+        return measure_curve(self.session, context, repeats=self.curve_repeats,
                              on_point=lambda done, total: self.on_event(TuneEvent("curve", done=done, total=total)))
 
     def _tune_profile(self, name: str, budget_s: float, curve: CostCurve, run_s: float) -> None:
@@ -215,14 +249,17 @@ class Tuner:
 
         profile = self.profiles[name]
         previous = self.results.profiles.get(name)
-        if previous is not None and (previous.prompts != self.prompts_source or previous.max_new_tokens != self.request.max_new_tokens):
+        if previous is not None and (previous.prompts != self.prompts_source or previous.max_new_tokens != self.max_new_tokens):
             self.on_event(TuneEvent("note", name, message=f"{name}: prompts or token count changed; starting over"))
             previous = None
-        tuned = previous or TunedProfile(name, prompts=self.prompts_source, max_new_tokens=self.request.max_new_tokens)
+        tuned = previous or TunedProfile(name, prompts=self.prompts_source, max_new_tokens=self.max_new_tokens)
         tuned.budget_s = round(tuned.budget_s + budget_s, 1)
         self.results.profiles[name] = tuned
 
-        pool = candidate_pool(profile, self.hardware, accelerators=self.selector.accelerators, only=self.request.methods)
+        pool = candidate_pool(profile, self.hardware, accelerators=self.selector.accelerators, only=self.request.methods,
+                              neighbours_too=self.request.thorough)
+        if not self.request.thorough:
+            pool = pool[:QUICK_CANDIDATES]
         if not pool:
             self.on_event(TuneEvent("note", name, message=f"{name}: no candidate method can run here; skipped"))
             return
@@ -233,8 +270,9 @@ class Tuner:
         pool = pool[: max(cap, sum(c.label in measured for c in pool))]
         candidates = {c.label: c for c in pool}
         prompts = self.prompts[name]
-        evaluator = SessionEvaluator(self.session, prompts, pool, max_new_tokens=self.request.max_new_tokens)
+        evaluator = SessionEvaluator(self.session, prompts, pool, max_new_tokens=self.max_new_tokens)
         start = self.clock()
+        self.on_event(TuneEvent("stage", name, message=f"{name}: {len(pool)} candidates on {len(prompts)} prompts"))
 
         def on_run(run: Run) -> None:
             tuned.runs.append(run)
@@ -275,13 +313,26 @@ def describe_results(results: TunedResults, *, applies: bool | None = None) -> l
                      f"(1 token: {results.curve.base_ms:.1f} ms)")
     for name, profile in results.profiles.items():
         state = "complete" if profile.complete else "incomplete (run `pardec tune` again to continue)"
-        best = profile.best_candidate()
         lines.append(f"  {name:<10} {state}; {len(profile.runs)} runs over {profile.prompts} prompts, "
                      f"{profile.max_new_tokens} tokens each")
-        if best is not None:
-            lines.append(f"    best    {best.label}: {best.speedup:.2f}x vanilla ({best.tokens_per_s:.1f} tok/s, "
-                         f"{best.tokens_per_step:.2f} tokens/step, {best.matched}/{best.prompts} outputs equal to vanilla's)")
-        for other in [c for c in profile.candidates if best is None or c.label != best.label][:5]:
-            lines.append(f"    tried   {other.label}: {other.speedup:.2f}x over {other.prompts} prompt(s)")
+        lines += ["    " + line for line in describe_profile(profile)]
     return lines
 
+
+def describe_profile(profile: TunedProfile) -> list[str]:
+    """What tune measured for one profile, in plain words, and only then the best."""
+    from pardec_cli.selection.tuned import candidate_measurement
+
+    measured = sorted(((c, candidate_measurement(profile, c)) for c in profile.candidates if c.method != "vanilla"),
+                      key=lambda cm: -cm[1].speedup)
+    lines = []
+    for c, m in measured:
+        spread = f" ({m.low:.2f}-{m.high:.2f})" if m.runs > 1 else ""
+        lines.append(f"{c.label}: {m.tokens_per_step:.2f} tokens per step, {m.speedup:.2f}x plain decoding{spread} "
+                     f"over {m.runs} prompt{'s' * (m.runs != 1)}, {c.matched}/{c.prompts} outputs equal to plain decoding's")
+    best = profile.best_candidate()
+    if best is not None:
+        lines.append(f"best: {best.label} ({best.speedup:.2f}x plain decoding, {best.tokens_per_s:.1f} tok/s)")
+    elif not measured:
+        lines.append("nothing measured yet")
+    return lines

@@ -1,0 +1,352 @@
+"""What real generations taught auto: tokens per step and step costs, per configuration.
+
+Every generation that goes through `Session.stream` (gen, chat, bench, serve) ends with
+one call to `record_generation`, which appends a compact row to ``learned.json`` under
+pardec's home, keyed by model fingerprint, hardware key, dtype, task profile and method
+label. `--method auto` reads the rows for its model and machine (`read_usage`) and
+turns them into measured speed-ups (`Usage.measurements`), so a user who never runs
+`pardec tune` still gets choices fitted to this machine.
+
+A row is what one generation saw after its first token:
+
+    tokens      tokens emitted by decoding steps (the prefill's first token excluded)
+    steps       decoding steps
+    drafted     drafted tokens verified
+    decode_s    wall time of the decoding steps (prefill excluded)
+    propose_s   drafting time
+    verify_s    time of the target forwards
+    base_steps  steps that drafted nothing (a one-token forward: plain decoding's step)
+    base_s      the verify time of those steps
+
+Plain decoding's cost per step, the denominator of every speed-up, comes from what was
+measured here, best first: generations with plain decoding (any profile); else the
+one-token steps inside drafting generations (prompt lookup drafts nothing when no
+n-gram matches) plus the loop's own overhead per step; else `pardec tune`'s measured
+curve. With none of these a row says nothing about speed and is not used.
+
+The file is bounded (`WINDOW` rows per key, `MAX_KEYS` keys, the least recently used
+dropped), written once per generation under a lock and atomically (`statefile`), and
+learning is off with ``learn = false`` in config.toml or ``PARDEC_LEARN=0``.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pardec_cli import statefile
+from pardec_cli.home import pardec_home
+from pardec_cli.statefile import MapOf, Optional
+
+FORMAT = 1
+WINDOW = 32  # rows kept per (model, hardware, dtype, profile, method): recent use counts
+MAX_KEYS = 256  # keys kept in all; the least recently updated go first
+MIN_STEPS = 16  # shorter generations (warm-ups, one-line replies) say little about a method's speed
+ROW_FIELDS = ("tokens", "steps", "drafted", "decode_s", "propose_s", "verify_s", "base_steps", "base_s")
+_RESET = "delete it (pardec starts learning afresh), or set learn = false in config.toml"
+VANILLA = "vanilla"
+
+
+def learned_path() -> Path:
+    """The usage file: ``pardec_home()/learned.json``."""
+    return pardec_home() / "learned.json"
+
+
+def learning_enabled(config_file: Path | None = None) -> bool:
+    """False when ``PARDEC_LEARN`` is 0/false/no/off, or config.toml says ``learn = false``.
+
+    The config file is read leniently here: a broken one is reported by the command
+    that reads it for its options, not by every generation.
+    """
+    env = os.environ.get("PARDEC_LEARN")
+    if env is not None:
+        return env.strip().lower() not in ("0", "false", "no", "off")
+    from pardec_cli.config import config_path
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    path = config_file or config_path()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return True
+    return data.get("learn", True) is not False
+
+
+# ------------------------------------------------------------------ the data
+
+
+@dataclass(frozen=True)
+class UsageKey:
+    """Where a row belongs: this model's weights on this machine in this dtype, a profile, a method."""
+
+    fingerprint: str
+    hardware: str  # Hardware.key
+    dtype: str
+    profile: str
+    label: str  # canonical method label, as tune writes it ("pld[num_draft=8]")
+
+    def text(self) -> str:
+        return "|".join((self.fingerprint, self.hardware, self.dtype, self.profile, self.label))
+
+    @classmethod
+    def parse(cls, text: str) -> UsageKey | None:
+        parts = text.split("|")
+        return cls(*parts) if len(parts) == 5 else None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One generation, after its first token (see the module docstring)."""
+
+    tokens: int
+    steps: int
+    drafted: int
+    decode_s: float
+    propose_s: float
+    verify_s: float
+    base_steps: int = 0
+    base_s: float = 0.0
+
+    def to_list(self) -> list[float | int]:
+        return [round(v, 6) if isinstance(v, float) else v for v in (getattr(self, f) for f in ROW_FIELDS)]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A configuration measured on this machine, for one profile: what auto ranks first.
+
+    `speedup` is tokens/s over plain decoding's; `low`/`high` the spread over the runs
+    (per-run speed-ups: the 10th and 90th percentiles, or min and max of a few).
+    """
+
+    label: str
+    speedup: float
+    runs: int
+    tokens_per_step: float
+    low: float
+    high: float
+    source: str  # "tune" or "use" (or "tune+use")
+
+    def describe(self) -> str:
+        """'1.42x (1.30-1.51) over 12 runs by tune'."""
+        spread = f" ({self.low:.2f}-{self.high:.2f})" if self.runs > 1 else ""
+        return f"{self.speedup:.2f}x{spread} over {self.runs} run{'s' * (self.runs != 1)} ({self.source})"
+
+
+def spread(values: list[float]) -> tuple[float, float]:
+    """(low, high) of per-run speed-ups: min and max of up to 5, else the 10th and 90th percentiles."""
+    ordered = sorted(values)
+    if len(ordered) <= 5:
+        return ordered[0], ordered[-1]
+    k = len(ordered) - 1
+    return ordered[round(0.1 * k)], ordered[round(0.9 * k)]
+
+
+def merge(measurements: Iterable[Measurement]) -> Measurement:
+    """Several measurements of one label (tune's and use's) as one, weighted by runs."""
+    items = list(measurements)
+    runs = sum(m.runs for m in items)
+    mean = sum(m.speedup * m.runs for m in items) / runs
+    tokens = sum(m.tokens_per_step * m.runs for m in items) / runs
+    sources = "+".join(dict.fromkeys(m.source for m in items))
+    return Measurement(items[0].label, mean, runs, tokens, min(m.low for m in items), max(m.high for m in items), sources)
+
+
+@dataclass
+class Usage:
+    """The rows for one model on one machine in one dtype: profile -> label -> rows."""
+
+    rows: dict[str, dict[str, list[Row]]] = field(default_factory=dict)
+
+    def vanilla_step_s(self) -> float | None:
+        """Plain decoding's seconds per step as measured in use (any profile), or None."""
+        rows = [r for by_label in self.rows.values() for r in by_label.get(VANILLA, [])]
+        steps = sum(r.steps for r in rows)
+        return sum(r.decode_s for r in rows) / steps if steps else None
+
+    def base_forward_s(self) -> float | None:
+        """Seconds of a one-token target forward, from the steps that drafted nothing."""
+        rows = [r for by_label in self.rows.values() for label, rs in by_label.items() if label != VANILLA for r in rs]
+        steps = sum(r.base_steps for r in rows)
+        return sum(r.base_s for r in rows) / steps if steps >= 8 else None
+
+    def measurements(self, profile: str, *, curve_base_ms: float | None = None) -> list[Measurement]:
+        """The labels used under `profile` with their speed-up over plain decoding here.
+
+        Per row: speed-up = tokens per step * plain decoding's step time / the row's step
+        time, where plain decoding's step time is measured (see the module docstring);
+        `curve_base_ms` (tune's measured one-token forward) is the last resort.
+        """
+        vanilla = self.vanilla_step_s()
+        base_forward = self.base_forward_s()
+        if base_forward is None and curve_base_ms is not None:
+            base_forward = curve_base_ms / 1000
+        found = []
+        for label, rows in self.rows.get(profile, {}).items():
+            if label == VANILLA:
+                continue
+            per_run = []
+            for row in rows:
+                if vanilla is not None:
+                    base = vanilla
+                elif base_forward is not None:
+                    # The loop's own cost per step (sampling, bookkeeping) is paid by plain decoding too.
+                    overhead = max(row.decode_s - row.verify_s - row.propose_s, 0.0) / row.steps
+                    base = base_forward + overhead
+                else:
+                    continue
+                per_run.append((row.tokens / row.steps) * base / (row.decode_s / row.steps))
+            if not per_run:
+                continue
+            tokens = sum(r.tokens for r in rows) / sum(r.steps for r in rows)
+            low, high = spread(per_run)
+            found.append(Measurement(label, _geomean(per_run), len(per_run), tokens, low, high, "use"))
+        return sorted(found, key=lambda m: -m.speedup)
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+
+
+# ------------------------------------------------------------------- the file
+
+
+def _row(value: Any) -> str | None:
+    if not isinstance(value, list) or len(value) != len(ROW_FIELDS):
+        return f"must be a list of {len(ROW_FIELDS)} numbers ({', '.join(ROW_FIELDS)})"
+    if any(statefile.check_shape(v, float) for v in value) or any(v < 0 for v in value):
+        return "must hold numbers >= 0"
+    if value[1] < 1:
+        return "steps must be at least 1"
+    return None
+
+
+SCHEMA = {
+    "format": lambda v: None if v == FORMAT else f"must be {FORMAT}, not {v!r}",
+    "entries": MapOf(str, {"updated": float, "rows": [_row]}),
+    "note": Optional(str),
+}  # fmt: skip
+
+
+def _rows(raw: list[list[float]]) -> list[Row]:
+    return [Row(int(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4]), float(r[5]), int(r[6]), float(r[7])) for r in raw]
+
+
+def read_usage(fingerprint: str, hardware: str, dtype: str, path: Path | None = None) -> Usage:
+    """The rows for this model, machine and dtype (empty when none, or the file is broken)."""
+    try:
+        data = statefile.read_json(path or learned_path(), SCHEMA, _RESET)
+    except statefile.StateFileError:
+        return Usage()  # a broken file teaches nothing; the next write replaces it
+    usage = Usage()
+    for text, entry in (data or {}).get("entries", {}).items():
+        key = UsageKey.parse(text)
+        if key is None or (key.fingerprint, key.hardware, key.dtype) != (fingerprint, hardware, dtype):
+            continue
+        usage.rows.setdefault(key.profile, {})[key.label] = _rows(entry["rows"])
+    return usage
+
+
+def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, clock: float | None = None) -> bool:
+    """Add one generation's row under `key` (one locked, atomic write). False when the
+    row is too short to say anything (fewer than `MIN_STEPS` steps) and nothing was written."""
+    if row.steps < MIN_STEPS or row.decode_s <= 0:
+        return False
+    import time
+
+    stamp = time.time() if clock is None else clock
+
+    def change(current: Mapping[str, Any] | None) -> dict[str, Any]:
+        entries = dict((current or {}).get("entries", {}))
+        entry = entries.get(key.text(), {"rows": []})
+        rows = [*entry["rows"], row.to_list()][-WINDOW:]
+        entries[key.text()] = {"updated": stamp, "rows": rows}
+        if len(entries) > MAX_KEYS:
+            keep = sorted(entries, key=lambda k: -entries[k]["updated"])[:MAX_KEYS]
+            entries = {k: entries[k] for k in keep}
+        return {"format": FORMAT, "note": "what pardec learned from generations on this machine (learn = false stops it)",
+                "entries": entries}
+
+    statefile.update_json(path or learned_path(), change, SCHEMA, _RESET)
+    return True
+
+
+def forget(path: Path | None = None) -> bool:
+    """Delete the usage file; True when there was one."""
+    target = path or learned_path()
+    if target.is_file():
+        target.unlink()
+        return True
+    return False
+
+
+# ------------------------------------------------------------ from a session
+
+
+class UsageRecorder:
+    """Records the generations of one `Session` (built on its first generation).
+
+    What does not change between generations (learning on or off, the model's
+    fingerprint, the hardware key) is worked out once, on the first generation that
+    finishes; each later one costs one locked write.
+    """
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self._where: tuple[str, str, str] | None = None
+        self._enabled: bool | None = None
+        self.path: Path | None = None  # None: learned_path() at write time
+
+    def enabled(self) -> bool:
+        if self._enabled is None:
+            self._enabled = learning_enabled()
+        return self._enabled
+
+    def where(self) -> tuple[str, str, str]:
+        """(fingerprint, hardware key, dtype) of the session's model here."""
+        if self._where is None:
+            from pardec_cli.selection.selector import session_model
+
+            hardware, info = session_model(self.session)
+            self._where = (info.fingerprint, hardware.key, hardware.dtype)
+        return self._where
+
+    def callback(self, proposer: Any, prompt_ids: Any, profile: str | None) -> Any:
+        """The `on_finish` for one generation of `proposer` on `prompt_ids` (None when learning is off)."""
+        if not self.enabled():
+            return None
+        from pardec_cli.selection.profiles import canonical_label
+
+        try:
+            label = canonical_label(proposer.name, proposer.knobs())
+        except Exception:  # noqa: BLE001 - a proposer outside the registry (a test double): nothing to learn
+            return None
+
+        def on_finish(stream: Any) -> None:
+            stats = stream.stats
+            row = Row(stats.generated_tokens - 1, stats.steps, stats.drafted_tokens, stats.total_s - stats.ttft_s,
+                      stream.decode_propose_s, stream.decode_verify_s, stream.base_steps, stream.base_verify_s)
+            if row.steps < MIN_STEPS:
+                return
+            name = profile
+            if name is None:
+                from pardec_cli.selection.tasks import detect_task
+
+                name = detect_task(self.session.tokenizer.decode(list(prompt_ids))).profile
+            from pardec_cli.errors import PardecError
+
+            try:
+                record_generation(UsageKey(*self.where(), name, label), row, path=self.path)
+            except (PardecError, OSError):
+                pass  # learning is a bonus: a read-only home or a busy lock never fails a generation
+
+        return on_finish

@@ -1,0 +1,197 @@
+"""Learning from use: what generations record for `--method auto`, and what auto makes of it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pardec_cli.selection import learned
+from pardec_cli.selection.learned import Row, Usage, UsageKey, learned_path, learning_enabled, read_usage, record_generation
+from tests.cli_helpers import invoke
+from tests.test_chat_cli import tiny_session  # noqa: F401 - a fixture: a Session over a tiny model
+
+KEY = UsageKey("sha256:m", "cpu:AMD EPYC", "float32", "chat", "pld[num_draft=8]")
+
+
+def row(tokens_per_step: float = 2.0, step_s: float = 0.02, steps: int = 20, base_steps: int = 0,
+        base_s: float = 0.0) -> Row:
+    """A generation of `steps` steps emitting `tokens_per_step` each, `step_s` seconds a step
+    (of which 80% the target's forward, 5% drafting, the rest the loop's own work)."""
+    return Row(round(tokens_per_step * steps), steps, 4 * steps, step_s * steps, 0.05 * step_s * steps,
+               0.8 * step_s * steps, base_steps, base_s)
+
+
+# -- the file ---------------------------------------------------------------------------
+
+
+def test_a_generation_is_one_row_under_its_model_machine_dtype_profile_and_method() -> None:
+    assert record_generation(KEY, row())
+    data = json.loads(learned_path().read_text())
+    assert list(data["entries"]) == [KEY.text()]
+    usage = read_usage("sha256:m", "cpu:AMD EPYC", "float32")
+    assert usage.rows == {"chat": {"pld[num_draft=8]": [row()]}}
+    assert read_usage("sha256:m", "cpu:AMD EPYC", "bfloat16").rows == {}  # another dtype learns separately
+    assert read_usage("sha256:other", "cpu:AMD EPYC", "float32").rows == {}
+
+
+def test_generations_too_short_to_say_anything_are_not_recorded() -> None:
+    assert not record_generation(KEY, row(steps=learned.MIN_STEPS - 1))
+    assert not learned_path().exists()
+
+
+def test_the_file_stays_small_recent_rows_and_recent_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(learned, "WINDOW", 3)
+    monkeypatch.setattr(learned, "MAX_KEYS", 2)
+    for step_s in (0.01, 0.02, 0.03, 0.04):
+        record_generation(KEY, row(step_s=step_s), clock=1.0)
+    kept = read_usage("sha256:m", "cpu:AMD EPYC", "float32").rows["chat"]["pld[num_draft=8]"]
+    assert [r.decode_s for r in kept] == [row(step_s=s).decode_s for s in (0.02, 0.03, 0.04)]
+    other = UsageKey(*KEY.text().split("|")[:4], "suffix")
+    third = UsageKey(*KEY.text().split("|")[:4], "vanilla")
+    record_generation(other, row(), clock=2.0)
+    record_generation(third, row(), clock=3.0)
+    assert set(read_usage("sha256:m", "cpu:AMD EPYC", "float32").rows["chat"]) == {"suffix", "vanilla"}
+
+
+def test_a_broken_file_teaches_nothing_and_is_replaced_by_the_next_write() -> None:
+    learned_path().parent.mkdir(parents=True, exist_ok=True)
+    learned_path().write_text("{ not json")
+    assert read_usage("sha256:m", "cpu:AMD EPYC", "float32").rows == {}
+    record_generation(KEY, row())
+    assert read_usage("sha256:m", "cpu:AMD EPYC", "float32").rows["chat"]
+
+
+def test_learning_is_on_unless_the_config_or_the_environment_turns_it_off(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("PARDEC_LEARN", raising=False)
+    config = tmp_path / "config.toml"
+    assert learning_enabled(config)  # no file
+    config.write_text('dtype = "float32"\n')
+    assert learning_enabled(config)
+    config.write_text("learn = false\n")
+    assert not learning_enabled(config)
+    config.write_text("learn = [broken\n")
+    assert learning_enabled(config)  # the command reading its options reports a broken file
+    monkeypatch.setenv("PARDEC_LEARN", "0")
+    config.write_text("learn = true\n")
+    assert not learning_enabled(config)
+
+
+# -- from rows to speed-ups -------------------------------------------------------------
+
+
+def test_speed_ups_use_plain_decodings_measured_step_time_when_there_is_one() -> None:
+    usage = Usage({"chat": {"pld": [row(2.0, 0.03)] * 3}, "code": {"vanilla": [row(1.0, 0.02)]}})
+    [m] = usage.measurements("chat")
+    assert (m.label, m.runs, m.source) == ("pld", 3, "use")
+    assert m.speedup == pytest.approx(2.0 * 0.02 / 0.03)
+    assert m.tokens_per_step == pytest.approx(2.0)
+    assert usage.measurements("code") == []  # plain decoding is the reference, not a candidate
+
+
+def test_without_plain_decoding_the_one_token_steps_inside_drafting_runs_give_the_base() -> None:
+    # 8 of 20 steps drafted nothing, their forwards took 10 ms; the loop's own work is
+    # 15% of a 30 ms step; so plain decoding would take 10 + 4.5 ms a step here.
+    usage = Usage({"chat": {"pld": [row(2.0, 0.03, base_steps=8, base_s=0.08)]}})
+    [m] = usage.measurements("chat")
+    assert m.speedup == pytest.approx(2.0 * (0.010 + 0.15 * 0.03) / 0.03)
+
+
+def test_without_any_measured_base_use_falls_back_to_tunes_curve_or_says_nothing() -> None:
+    usage = Usage({"chat": {"recycling": [row(2.0, 0.03)]}})
+    assert usage.measurements("chat") == []
+    [m] = usage.measurements("chat", curve_base_ms=12.0)
+    assert m.speedup == pytest.approx(2.0 * (0.012 + 0.15 * 0.03) / 0.03)
+
+
+def test_spread_is_min_and_max_of_a_few_runs_and_percentiles_of_many() -> None:
+    usage = Usage({"chat": {"pld": [row(t, 0.02) for t in (1.5, 2.0, 2.5)], },
+                   "code": {"vanilla": [row(1.0, 0.02)]}})
+    [m] = usage.measurements("chat")
+    assert (m.low, m.high) == pytest.approx((1.5, 2.5))
+    assert learned.spread([float(v) for v in range(11)]) == (1.0, 9.0)
+
+
+# -- auto reads it --------------------------------------------------------------------------
+
+
+def selector_with(usage: Usage):
+    from pardec_cli.selection.profiles import load_profiles
+    from pardec_cli.selection.selector import AutoSelector, ModelInfo
+    from tests.test_select import SMOLLM2, THIS_CPU
+
+    return AutoSelector(THIS_CPU, ModelInfo("smollm2-135m", SMOLLM2, "sha256:m"), profiles=load_profiles(), usage=usage)
+
+
+def test_a_method_that_ran_slower_than_plain_decoding_here_is_not_chosen_again() -> None:
+    usage = Usage({"chat": {"suffix": [row(1.2, 0.03)] * 4}, "code": {"vanilla": [row(1.0, 0.02)] * 2}})
+    choice = selector_with(usage).choose("Tell me about the moon.", "chat")
+    assert choice.method == "vanilla"
+    assert "measured  suffix 0.80x (0.80-0.80) over 4 runs (use)" in choice.explain()
+
+
+def test_a_user_who_never_tunes_gets_the_configuration_use_measured_fastest() -> None:
+    usage = Usage({"code": {"pld[num_draft=4]": [row(1.9, 0.024)] * 6, "vanilla": [row(1.0, 0.02)] * 2}})
+    choice = selector_with(usage).choose("Write a Python function that reverses a list.")
+    assert choice.label == "pld[num_draft=4]" and choice.estimate.basis == "measured"
+    assert choice.estimate.speedup == pytest.approx(1.9 * 0.02 / 0.024)
+
+
+# -- the session records its generations ----------------------------------------------------
+
+
+def generate(session, method: str = "pld", **kwargs) -> None:
+    session.set_method(method)
+    for _ in session.stream(session.encode("w5 w6 w7 w5 w6 w7 w5 w6"), max_new_tokens=64, **kwargs):
+        pass
+
+
+def test_every_finished_generation_is_recorded_once_by_the_session(tiny_session, monkeypatch) -> None:
+    monkeypatch.delenv("PARDEC_LEARN", raising=False)
+    writes = []
+    real = learned.record_generation
+    monkeypatch.setattr(learned, "record_generation", lambda *a, **k: writes.append(a) or real(*a, **k))
+    generate(tiny_session, profile="code")
+    generate(tiny_session, "vanilla", profile="code")
+    assert len(writes) == 2  # one write per generation, none per step
+    entries = json.loads(learned_path().read_text())["entries"]
+    labels = sorted(text.split("|")[3:] for text in entries)
+    assert labels == [["code", "pld"], ["code", "vanilla"]]
+    [rows] = [e["rows"] for text, e in entries.items() if text.endswith("|pld")]
+    tokens, steps = rows[0][0], rows[0][1]
+    assert steps >= learned.MIN_STEPS and tokens >= steps
+
+
+def test_nothing_is_recorded_when_learning_is_off_or_the_caller_keeps_its_own_records(tiny_session, monkeypatch,
+                                                                                       isolated_home) -> None:
+    from pardec_cli.session import Session
+
+    monkeypatch.delenv("PARDEC_LEARN", raising=False)
+    generate(tiny_session, record=False)
+    assert not learned_path().exists()
+    config = isolated_home.parent / "pardec-config" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("learn = false\n")
+    fresh = Session(tiny_session.target.model, tiny_session.tokenizer, model_name="tiny")
+    generate(fresh)
+    assert not learned_path().exists()
+
+
+# -- end to end: gen records, auto explains, doctor shows -----------------------------------
+
+
+def test_generations_teach_auto_which_then_says_it_measured_here(tiny_cli_model, monkeypatch) -> None:
+    from tests.test_auto_cli import CHAT_PROMPT, gen
+
+    monkeypatch.delenv("PARDEC_LEARN", raising=False)
+    for method in ("vanilla", "pld", "vanilla", "pld"):
+        result = gen(tiny_cli_model, "--method", method, "-n", "48", "--json", CHAT_PROMPT)
+        assert result.exit_code == 0, result.stderr
+    entries = json.loads(learned_path().read_text())["entries"]
+    assert sorted(text.split("|")[3:] for text in entries) == [["chat", "pld"], ["chat", "vanilla"]]
+    explained = gen(tiny_cli_model, "-n", "4", "--explain", CHAT_PROMPT)
+    assert explained.exit_code == 0, explained.stderr
+    measured = [line for line in explained.stderr.splitlines() if line.startswith("measured  ")]
+    assert measured and "pld " in measured[0] and "over 2 runs (use)" in measured[0]
+    doctor = invoke(["doctor", "-m", str(tiny_cli_model), "--dtype", "float32"])
+    assert "generations recorded in" in doctor.stdout and "measured pld: " in doctor.stdout
