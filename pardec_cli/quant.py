@@ -14,10 +14,9 @@ are stored as integers and dequantized inside the matmul kernel.
 
 Both are plain `nn.Module`s whose forward calls one aten op, so they run eagerly and
 trace under ``torch.compile`` without graph breaks. `quantize_linears` swaps them into
-a loaded model's decoder layers; `quantize_head` gives the output head a quantized copy
-for its matmul while its `weight` stays dense (Medusa, EAGLE, layer-skip and head
-training read ``get_output_embeddings().weight`` directly, and SmolLM2-style models tie
-the head to the embedding, which stays dense).
+a loaded model's decoder layers. The LM head and the embedding stay dense: Medusa,
+EAGLE, layer-skip and head training read ``get_output_embeddings().weight`` directly,
+and SmolLM2-style models tie the head to the embedding.
 
 This module depends on torch only.
 """
@@ -204,50 +203,6 @@ def quantize_linears(model: nn.Module, mode: str, *, group_size: int = DEFAULT_G
         setattr(parent, child, new)
         replaced += 1
     return replaced
-
-
-class QuantizedHead(nn.Module):
-    """The output head, multiplied through a quantized copy of its weight.
-
-    `weight` stays the dense [V, h] matrix (for SmolLM2-style models the embedding's own
-    parameter): Medusa, EAGLE, layer-skip and head training read
-    ``get_output_embeddings().weight`` and keep reading the exact one. Only the logits
-    of the model's own forward go through `quantized`, so a step reads V*h/2 bytes (int4)
-    or V*h (int8) there instead of 2*V*h: for a 135M model with a 49k vocabulary the head
-    is over half the bytes of a 4-bit step.
-    """
-
-    def __init__(self, dense: nn.Linear, quantized: nn.Module) -> None:
-        super().__init__()
-        self.in_features, self.out_features = dense.in_features, dense.out_features
-        self.weight = dense.weight  # shared, not copied
-        self.bias = dense.bias
-        self.quantized = quantized
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quantized(x)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
-
-
-def quantize_head(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZE) -> bool:
-    """Route the model's output head through an int8 or int4 copy (`QuantizedHead`), in
-    place; False when `mode` is "full", the model has no nn.Linear head, or the int4
-    kernel cannot take its shape."""
-    if mode == "full" or not hasattr(model, "get_output_embeddings"):
-        return False
-    head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear):
-        return False
-    if mode == "int8":
-        quantized: nn.Module = Int8Linear.from_weight(head.weight, head.bias)
-    elif mode == "int4" and can_int4(head, group_size):
-        quantized = Int4Linear.from_weight(head.weight, head.bias, group_size=group_size)
-    else:
-        return False
-    model.set_output_embeddings(QuantizedHead(head, quantized))
-    return True
 
 
 def weights_label(model: nn.Module) -> str:

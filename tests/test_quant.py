@@ -21,9 +21,7 @@ import torch
 from torch import nn
 
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.quant import (
-    Int4Linear, Int8Linear, QuantizedHead, quantize_head, quantize_linears, resolve_weights, weights_label,
-)
+from pardec_cli.quant import Int4Linear, Int8Linear, quantize_linears, resolve_weights, weights_label
 from tests.cli_helpers import invoke
 from tests.test_exactness import random_prompt, run
 from tests.tiny_models import peaked, tiny_llama
@@ -73,36 +71,6 @@ def test_quantize_linears_keeps_the_head_and_embedding_dense() -> None:
     assert isinstance(model.lm_head, nn.Linear) and isinstance(model.get_output_embeddings().weight, torch.Tensor)
     assert weights_label(model) == "int8"
     assert quantize_linears(tiny_llama(layers=1), "full") == 0
-
-
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_a_quantized_head_keeps_the_dense_tied_weight_for_readers_and_close_logits(mode) -> None:
-    model = tiny_llama(layers=1, hidden=64)
-    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's
-    dense_weight = model.get_output_embeddings().weight
-    ids = torch.tensor([random_prompt(0, 12)])
-    with torch.no_grad():
-        before = model(ids).logits
-        assert quantize_head(model, mode)
-        after = model(ids).logits
-    head = model.get_output_embeddings()
-    assert isinstance(head, QuantizedHead)
-    # Readers of .weight (Medusa, EAGLE, layer-skip, head training) still get the exact tied matrix.
-    assert head.weight is dense_weight is model.model.embed_tokens.weight
-    assert not torch.equal(before, after)  # the logits really come from the quantized copy
-    assert torch.allclose(before, after, atol=0.05 * before.abs().max().item())
-    assert not quantize_head(tiny_llama(layers=1), "full")
-
-
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_greedy_methods_equal_vanilla_with_a_quantized_head(mode) -> None:
-    target = peaked(tiny_llama(0, hidden=64))
-    quantize_linears(target, mode)
-    quantize_head(target, mode)
-    prompt = random_prompt(0) * 2
-    vanilla, _ = run("vanilla", {}, target, prompt, max_new_tokens=40)
-    for method in ("pld", "suffix"):
-        assert run(method, {}, target, prompt, max_new_tokens=40)[0] == vanilla
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
