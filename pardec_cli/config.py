@@ -35,7 +35,7 @@ else:  # pragma: no cover - Python 3.10
 ENV_PREFIX = "PARDEC"
 _SCALARS = (str, int, float, bool)
 # The options that take a list (Click's multiple=True): --stop, -O, --drafter.
-REPEATABLE = frozenset({"stop", "method_opts", "drafters"})
+REPEATABLE = frozenset({"stop", "method_opts", "drafters", "vllm_args"})
 
 
 def config_path() -> Path:

@@ -167,8 +167,11 @@ async def test_with_method_auto_each_reply_uses_the_selectors_choice_for_its_mes
         await wait_until(pilot, lambda: not app.generating, timeout=30)
         [shown] = [reply.text for reply in app.query(AssistantMessage)]
         [saved] = [m for m in app.conversation.messages if m.role == "assistant"]
+    from pardec_cli.planning import auto_method
+
     choice = tiny_session.auto_selector().choose(turn, "code", greedy=True)
-    assert choice.method != "auto" and saved.method == choice.method
+    method, _, _ = auto_method(choice, {})  # auto runs its choice adaptively by default
+    assert choice.method != "auto" and saved.method == method
     tiny_session.set_method("vanilla")
     expected = tiny_session.generate(tiny_session.encode([{"role": "user", "content": turn}]), max_new_tokens=16)
     assert shown == expected.text

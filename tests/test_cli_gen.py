@@ -31,7 +31,8 @@ def use_embedded_store(embedded_pardec_home, monkeypatch):
 
 def gen_json(model: Path | None, *args: str, input: str | None = None) -> dict:
     where = ["-m", str(model)] if model is not None else []
-    result = invoke(["gen", "--json", "--dtype", "float32", *where, *args], input=input)
+    # Greedy unless a test says otherwise: these prompts read as chat, whose profile samples.
+    result = invoke(["gen", "--json", "--dtype", "float32", "--temp", "0", *where, *args], input=input)
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -114,8 +115,8 @@ def test_system_prompt_goes_into_the_template(tiny):
 
 
 def test_stats_go_to_stderr_and_stdout_holds_only_the_text(tiny):
-    plain = invoke(["gen", "-m", str(tiny), "-n", "8", "--dtype", "float32", "w5 w6 w7"])
-    with_stats = invoke(["gen", "-m", str(tiny), "-n", "8", "--dtype", "float32", "--stats", "w5 w6 w7"])
+    plain = invoke(["gen", "-m", str(tiny), "-n", "8", "--dtype", "float32", "--temp", "0", "w5 w6 w7"])
+    with_stats = invoke(["gen", "-m", str(tiny), "-n", "8", "--dtype", "float32", "--temp", "0", "--stats", "w5 w6 w7"])
     assert with_stats.exit_code == 0
     assert with_stats.stdout == plain.stdout
     for label in ("method", "tok/s", "first token", "tokens per step", "drafted tokens accepted"):

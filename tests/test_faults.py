@@ -858,7 +858,7 @@ def test_number_layers_zero_is_the_documented_default(tiny_cli_model: Path) -> N
 
 
 def test_misc_seed_without_temperature_is_reported(tiny_cli_model: Path) -> None:
-    greedy = invoke(["gen", "-m", str(tiny_cli_model), "-n", "2", "--seed", "1", "hi"])
+    greedy = invoke(["gen", "-m", str(tiny_cli_model), "-n", "2", "--temp", "0", "--seed", "1", "hi"])
     assert_clean(greedy, 0)
     assert "--seed has no effect" in greedy.stderr
     sampled = invoke(["gen", "-m", str(tiny_cli_model), "-n", "2", "--seed", "1", "--temp", "0.7", "hi"])

@@ -25,7 +25,8 @@ RESULT_FIELDS = {"text", "model", "method", "knobs", "profile", "dtype", "weight
                  "stats"}
 STEP_FIELDS = {"type", "step", "text", "tokens", "drafted", "accepted", "propose_s", "verify_s", "elapsed_s"}
 def gen(model: Path, *args: str, input: str | None = None):
-    return invoke(["gen", "-m", str(model), "--dtype", "float32", *args], input=input)
+    # Greedy unless a test says otherwise: these prompts read as chat, whose profile samples.
+    return invoke(["gen", "-m", str(model), "--dtype", "float32", "--temp", "0", *args], input=input)
 
 
 def gen_json(model: Path, *args: str, input: str | None = None) -> dict:

@@ -108,7 +108,7 @@ def test_train_heads_command_installs_heads_that_gen_list_and_show_find(tiny_cha
     assert json.loads((folder / "config.json").read_text())["medusa_num_heads"] == 2
 
     def gen(*args):
-        out = invoke(["gen", "-m", model, "--dtype", "float32", "-n", "30", "--json", *args, "Tell me about the sea"])
+        out = invoke(["gen", "-m", model, "--dtype", "float32", "-n", "30", "--temp", "0", "--json", *args, "Tell me about the sea"])
         assert out.exit_code == 0, out.stderr
         return json.loads(out.stdout)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import fields
 from typing import Any
 
 import click
@@ -98,8 +97,7 @@ def run_remote(server: str, text: str, *, model: str | None, mode: str, streamin
             out.write("\n")
         out.flush()
     if stats and extension:
-        known = {f.name for f in fields(GenerationStats)}
-        record = GenerationStats(**{k: v for k, v in extension["stats"].items() if k in known})
+        record = GenerationStats.from_dict(extension["stats"])
         where = f"{model} ({extension.get('dtype')}, {extension.get('device')}) at {client.base}"
         for line in stats_lines(extension["method"], extension["knobs"], where, record, finish_reason):
             click.echo(line, err=True)

@@ -6,7 +6,8 @@ This module imports no torch so that front ends can type against it cheaply.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 # Why a generation ended. "stop" (a stop string matched) is decided by the text layer.
 FINISH_EOS = "eos"
@@ -113,6 +114,16 @@ class GenerationStats:
         trees by `mean_tokens_per_step`.
         """
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationStats:
+        """The stats a `to_dict` document (from a server's reply, say) describes; derived
+        rates are recomputed, unknown keys ignored."""
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        values["arms"] = {label: ArmTotals(int(a["steps"]), int(a["tokens"]), float(a["seconds"]))
+                          for label, a in (data.get("arms") or {}).items()}
+        return cls(**values)
 
     def to_dict(self) -> dict[str, float | int]:
         """JSON-ready summary (without the per-step list)."""

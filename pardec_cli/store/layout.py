@@ -9,6 +9,7 @@ into place only once the marker is in it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -191,13 +192,32 @@ def swap_into_place(tmp: Path, target: Path) -> None:
     permissions first (mkdtemp makes it private).
     """
     _apply_umask(tmp)
-    if target.exists() or target.is_symlink():
-        old = Path(tempfile.mkdtemp(prefix=scratch_prefix(target.name, "old"), dir=target.parent))
-        os.replace(target, old / target.name)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
+    # Two writers may swap at once (two train-heads, two imports): the other's target can
+    # appear between our "exists?" and our rename, which then fails on a non-empty folder.
+    # Then move that one aside too and try again: the last writer wins, whole.
+    for _ in range(100):
+        if target.exists() or target.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=scratch_prefix(target.name, "old"), dir=target.parent))
+            try:
+                os.replace(target, old / target.name)
+            except FileNotFoundError:  # another writer moved it aside first
+                pass
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                continue
+            finally:
+                shutil.rmtree(old, ignore_errors=True)
+            return
+        try:
+            os.replace(tmp, target)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    raise OSError(errno.EBUSY, f"{target} kept changing while being replaced")
 
 
 @contextmanager
