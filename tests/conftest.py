@@ -17,6 +17,7 @@ import contextlib
 import gc
 import io
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -111,3 +112,14 @@ def tiny_cli_model(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFa
         lambda vocab: tiny_llama(vocab=vocab, layers=2, hidden=32, max_positions=TINY_CONTEXT),
         embedded_model_dir, tmp_path_factory.mktemp("tiny-cli-model"),
     )
+
+
+@pytest.fixture
+def tiny_as_embedded(tiny_cli_model: Path, isolated_home: Path) -> Path:
+    """The tiny model installed where pardec keeps the converted embedded model."""
+    from pardec_cli.store.layout import write_marker
+
+    target = isolated_home / "models" / "smollm2-135m"
+    shutil.copytree(tiny_cli_model, target)
+    write_marker(target, source="gguf", stored="dense", dtype="float32")
+    return target

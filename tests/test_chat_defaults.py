@@ -4,7 +4,6 @@ where a reply ends, so speculative sampling stays exact."""
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from types import SimpleNamespace
 
@@ -13,7 +12,7 @@ import torch
 
 from pardec_cli.engine.events import FINISH_REPETITION
 from pardec_cli.engine.loop import decode
-from pardec_cli.engine.sampling import SamplingParams, logits_to_probs
+from pardec_cli.engine.sampling import SamplingParams
 from pardec_cli.engine.text import RepetitionGuard
 from pardec_cli.methods import registry
 from pardec_cli.planning import AUTO, Settings, plan_reply, recommended_sampling
@@ -21,6 +20,7 @@ from pardec_cli.selection.profiles import get_profile, load_profiles
 from pardec_cli.session import TextStream
 from tests.stats_helpers import chi_square_p_value
 from tests.test_exactness import make_env
+from tests.test_sampling import PROMPT, VOCAB, exact_joint  # the brute-force joint distribution
 from tests.tiny_models import peaked, tiny_llama
 
 # -- what the model recommends ----------------------------------------------------------------
@@ -130,30 +130,14 @@ def test_a_guarded_reply_is_the_unguarded_one_cut_where_the_loop_is_found(method
 
 # -- speculative sampling under the chat defaults keeps the processed target distribution -----
 
-VOCAB = 4
-PROMPT = [1, 3, 2, 3]
 CHAT_SAMPLING = {"temperature": 0.8, "top_p": 0.95}
-
-
-def _exact_joint(model, steps: int) -> dict[tuple[int, ...], float]:
-    """P(t1..t_steps | prompt) under temperature 0.8 and top_p 0.95, one full forward per prefix."""
-    params = SamplingParams(**CHAT_SAMPLING)
-    probs: dict[tuple[int, ...], float] = {}
-    with torch.inference_mode():
-        for seq in itertools.product(range(VOCAB), repeat=steps):
-            p = 1.0
-            for i in range(steps):
-                logits = model(torch.tensor([PROMPT + list(seq[:i])])).logits[0, -1]
-                p *= float(logits_to_probs(logits, params)[seq[i]])
-            probs[seq] = p
-    return probs
 
 
 @pytest.fixture(scope="module")
 def models():
     target = peaked(tiny_llama(11, vocab=VOCAB, layers=2), scale=3.0)
     drafter = peaked(tiny_llama(12, vocab=VOCAB, layers=1), scale=3.0)
-    return target, drafter, _exact_joint(target, 3)
+    return target, drafter, exact_joint(target, 3, SamplingParams(**CHAT_SAMPLING))
 
 
 @pytest.mark.parametrize("method,options", [

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,17 +18,6 @@ from pardec_cli import api
 from pardec_cli.errors import PardecError
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def tiny_as_embedded(tiny_cli_model: Path, isolated_home: Path) -> Path:
-    """The tiny model installed where pardec keeps the converted embedded model."""
-    from pardec_cli.store.layout import write_marker
-
-    target = isolated_home / "models" / "smollm2-135m"
-    shutil.copytree(tiny_cli_model, target)
-    write_marker(target, source="gguf", stored="dense", dtype="float32")
-    return target
 
 
 def documented_example() -> str:

@@ -10,7 +10,6 @@ import contextlib
 import io
 import re
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
@@ -44,16 +43,6 @@ def args_of(command: str) -> list[str]:
 # Commands that would download, serve, measure for minutes or change this machine's
 # models: checked for their command and flags only.
 NOT_RUN = ("pull ", "rm ", "serve", "tune --budget", "bench", "import ", "chat", "--server", "doctor", "-m qwen")
-
-
-@pytest.fixture
-def tiny_as_embedded(tiny_cli_model: Path, isolated_home: Path) -> Path:
-    from pardec_cli.store.layout import write_marker
-
-    target = isolated_home / "models" / "smollm2-135m"
-    shutil.copytree(tiny_cli_model, target)
-    write_marker(target, source="gguf", stored="dense", dtype="float32")
-    return target
 
 
 def test_the_readme_shows_the_commands_a_newcomer_needs() -> None:

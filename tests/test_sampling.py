@@ -97,15 +97,15 @@ PROMPT = [1, 3, 2, 3]
 SAMPLING = SamplingParams(temperature=1.0)
 
 
-def _exact_joint(model, steps: int) -> dict[tuple[int, ...], float]:
-    """P(t1..t_steps | prompt) computed by brute force, one full forward per prefix."""
+def exact_joint(model, steps: int, sampling: SamplingParams = SAMPLING) -> dict[tuple[int, ...], float]:
+    """P(t1..t_steps | PROMPT) under `sampling`, computed by brute force, one full forward per prefix."""
     probs: dict[tuple[int, ...], float] = {}
     with torch.inference_mode():
         for seq in itertools.product(range(VOCAB), repeat=steps):
             p = 1.0
             for i in range(steps):
                 logits = model(torch.tensor([PROMPT + list(seq[:i])])).logits[0, -1]
-                p *= float(logits_to_probs(logits, SAMPLING)[seq[i]])
+                p *= float(logits_to_probs(logits, sampling)[seq[i]])
             probs[seq] = p
     return probs
 
@@ -125,7 +125,7 @@ def _sample_joint(method: str, options: dict, target, drafter, n: int) -> Counte
 def models():
     target = peaked(tiny_llama(11, vocab=VOCAB, layers=2), scale=3.0)
     drafter = peaked(tiny_llama(12, vocab=VOCAB, layers=1), scale=3.0)
-    return target, drafter, _exact_joint(target, 3)
+    return target, drafter, exact_joint(target, 3)
 
 
 @pytest.mark.slow  # statistical
