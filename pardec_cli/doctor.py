@@ -216,8 +216,9 @@ def compiled_runner_report() -> dict[str, Any]:
     import os
     import shutil
 
-    from pardec_cli.engine.compile_policy import BREAK_EVEN_TOKENS
+    from pardec_cli.engine.compile_policy import BREAK_EVEN_SAVED_TOKENS, BREAK_EVEN_TOKENS
     from pardec_cli.home import compile_cache_dir
+    from pardec_cli.session import compiled_steps_dir
 
     folder = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or compile_cache_dir())
     size, files = 0, 0
@@ -227,8 +228,12 @@ def compiled_runner_report() -> dict[str, Any]:
                 files += 1
                 size += file.stat().st_size
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    # Precompiled steps, one file per kind of step and model architecture/dtype/layout.
+    steps = sorted(compiled_steps_dir().glob("*.pt2"))
+    saved = [{"file": step.name, "kind": step.name.rsplit("-", 1)[0], "bytes": step.stat().st_size} for step in steps]
     return {"cxx_compiler": compiler, "cache_dir": str(folder), "cache_bytes": size, "cache_files": files,
-            "break_even_tokens": dict(BREAK_EVEN_TOKENS)}
+            "steps_dir": str(compiled_steps_dir()), "saved_steps": saved,
+            "break_even_tokens": dict(BREAK_EVEN_TOKENS), "break_even_saved_tokens": dict(BREAK_EVEN_SAVED_TOKENS)}
 
 
 # -- the floor: how fast one forward could be, and how fast it is ------------------------

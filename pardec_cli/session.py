@@ -36,6 +36,13 @@ def use_compile_cache() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
 
 
+def compiled_steps_dir() -> Path:
+    """Where the compiled runner saves its precompiled steps (pardec's store)."""
+    from pardec_cli.home import compile_cache_dir
+
+    return compile_cache_dir() / "steps"
+
+
 @dataclass(frozen=True)
 class Chunk:
     """New text released by one decoding step (may be empty: held back or partial character)."""
@@ -162,7 +169,7 @@ class Session:
         if compiled:
             from pardec_cli.engine.runner import CompiledLanguageModel
 
-            self.target: LanguageModel = CompiledLanguageModel(model, on_notice=notice)
+            self.target: LanguageModel = CompiledLanguageModel(model, on_notice=notice, step_dir=compiled_steps_dir())
         else:
             self.target = LanguageModel(model)
         self.tokenizer = tokenizer
@@ -199,7 +206,7 @@ class Session:
         one-line messages (compiling, falling back to eager).
         """
         from pardec_cli.engine.compile_policy import compile_pays
-        from pardec_cli.engine.runner import CompiledLanguageModel
+        from pardec_cli.engine.runner import CompiledLanguageModel, step_file
         from pardec_cli.hardware import resolve_device, resolve_dtype
         from pardec_cli.store.loading import load_model
         from pardec_cli.store.resolve import resolve_model
@@ -211,7 +218,8 @@ class Session:
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights)
         compiled = compile == "on" or (
-            compile == "auto" and compile_pays(expected_tokens, device) and CompiledLanguageModel.supports(model)
+            compile == "auto" and CompiledLanguageModel.supports(model)
+            and compile_pays(expected_tokens, device, saved=step_file(compiled_steps_dir(), model).is_file())
         )
         if compiled:
             use_compile_cache()

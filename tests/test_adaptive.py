@@ -184,7 +184,7 @@ def test_arms_must_be_two_and_not_adaptive_themselves():
 
 
 def test_sampled_generations_follow_the_target_distribution_while_switching():
-    from tests.test_sampling import PROMPT, SAMPLING, VOCAB, _exact_joint
+    from tests.test_sampling import PROMPT, SAMPLING, VOCAB, exact_joint
 
     assert SAMPLING.temperature == 1.0
     target = peaked(tiny_llama(11, vocab=VOCAB, layers=2), scale=3.0)
@@ -201,7 +201,7 @@ def test_sampled_generations_follow_the_target_distribution_while_switching():
         counts[tuple(t for e in events for t in e.tokens)] += 1
         arms.update(e.arm for e in events[1:])
     assert len(arms) >= 2, "it switched arms (a 3-token reply has at most 3 steps: the third arm rarely comes)"
-    assert chi_square_p_value(counts, _exact_joint(target, 3)) > 0.001
+    assert chi_square_p_value(counts, exact_joint(target, 3)) > 0.001
 
 
 # -- statistics -------------------------------------------------------------------------

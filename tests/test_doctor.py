@@ -106,3 +106,20 @@ def test_doctor_for_a_model_that_is_not_here_still_measures_the_bandwidth(bandwi
     assert tail == ["floor of qwen2.5-7b", "  memory        10.0 GB/s on cpu (copy test: best of 5 copies of 256 MiB, "
                     "bytes read + written)",
                     "  qwen2.5-7b is not on this machine (`pardec pull qwen2.5-7b`)"]
+
+
+# -- the compiled runner's saved steps -----------------------------------------------------
+
+
+def test_doctor_says_which_compiled_steps_are_saved(tiny_cli_model, isolated_home):
+    before = invoke(["doctor", "-m", str(tiny_cli_model), "--no-measure"])
+    assert "  saved steps   none yet: the first compiled run" in before.stdout
+    steps = isolated_home / "compiled" / "steps"
+    steps.mkdir(parents=True)
+    (steps / "decode-0123456789abcdef.pt2").write_bytes(b"x" * 2048)
+    (steps / "verify-0123456789abcdef.pt2").write_bytes(b"x" * 1024)
+    result = invoke(["doctor", "-m", str(tiny_cli_model), "--no-measure", "--json"])
+    saved = json.loads(result.stdout)["compiled"]["saved_steps"]
+    assert [(s["kind"], s["bytes"]) for s in saved] == [("decode", 2048), ("verify", 1024)]
+    text = invoke(["doctor", "-m", str(tiny_cli_model), "--no-measure"]).stdout
+    assert f"  saved steps   2 in {steps} (decode, verify; 0 MiB): later runs load them in seconds" in text

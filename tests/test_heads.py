@@ -21,6 +21,7 @@ from pardec_cli.methods import registry
 from tests.head_helpers import head_env, write_eagle1, write_eagle3, write_medusa
 from tests.stats_helpers import chi_square_p_value
 from tests.test_exactness import hf_greedy, random_prompt
+from tests.test_sampling import exact_joint  # the brute-force joint distribution
 from tests.tiny_models import peaked, tiny_llama
 
 HEAD_CASES = [
@@ -151,12 +152,6 @@ VOCAB = 4
 PROMPT = [1, 3, 2, 3]
 
 
-def _exact_joint(model, steps: int) -> dict[tuple[int, ...], float]:
-    from tests.test_sampling import _exact_joint as joint
-
-    return joint(model, steps)
-
-
 @pytest.mark.slow  # statistical
 @pytest.mark.parametrize("method,options", [("medusa", {"width": 3, "nodes": 6}), ("eagle", {"topk": 3, "nodes": 6})], ids=str)
 def test_sampling_keeps_the_target_distribution(tmp_path, method, options):
@@ -164,7 +159,7 @@ def test_sampling_keeps_the_target_distribution(tmp_path, method, options):
     folders = {"medusa": tmp_path / "m", "eagle": tmp_path / "e"}
     write_medusa(folders["medusa"], model, heads=2, seed=1, scale=1.0)
     write_eagle1(folders["eagle"], model, seed=1)
-    exact = _exact_joint(model, 3)
+    exact = exact_joint(model, 3)
     env = head_env(model, folders)
     proposer = registry.create(method, options, env)
     counts: Counter = Counter()

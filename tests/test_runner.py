@@ -27,6 +27,8 @@ from pardec_cli.engine.runner import (
     CompiledLanguageModel,
     compile_options,
     graph_kind,
+    step_file,
+    step_fingerprint,
     step_mask,
 )
 from pardec_cli.engine.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
@@ -77,6 +79,7 @@ def test_compile_options_use_cuda_graphs_on_cuda_and_freezing_on_cpu():
 def test_compiling_pays_for_long_lived_sessions_and_long_work_only():
     assert compile_pays(None, "cpu") and compile_pays(None, "cuda:1")
     assert not compile_pays(256, "cpu")
+    assert compile_pays(256, "cpu", saved=True) and not compile_pays(64, "cpu", saved=True)
     assert compile_pays(1_000_000, "cpu") and compile_pays(1_000_000, "cuda:0")
 
 
@@ -249,10 +252,16 @@ def test_a_graph_that_fails_to_compile_runs_eagerly_with_one_notice():
 
 
 @pytest.fixture(scope="module")
-def compiled_runner():
+def step_dir(tmp_path_factory):
+    """Where the module's compiled runner saves its steps (a later runner loads them)."""
+    return tmp_path_factory.mktemp("steps")
+
+
+@pytest.fixture(scope="module")
+def compiled_runner(step_dir):
     """One compiled runner for the module: each graph compiles once (tens of seconds)."""
     notices: list[str] = []
-    runner = CompiledLanguageModel(_model(0, True), on_notice=notices.append)
+    runner = CompiledLanguageModel(_model(0, True), on_notice=notices.append, step_dir=step_dir)
     runner.notices = notices
     return runner
 
@@ -282,6 +291,65 @@ def test_one_verify_graph_serves_every_draft_size_and_cache_size(compiled_runner
     tokens2, _ = run_on(compiled_runner, "suffix", {"max_nodes": 24}, prompt, max_new_tokens=30)
     assert tokens == tokens2 == hf_greedy(compiled_runner.model, prompt, 30)
     assert counters["stats"]["unique_graphs"] == before
+
+
+def test_saved_steps_load_in_a_later_runner_for_another_checkpoint(compiled_runner, step_dir):
+    """A later process loads the saved graphs instead of tracing the model; the weights are
+    graph inputs, so another checkpoint of the same architecture uses the same files."""
+    compiled_runner.warm()
+    assert step_file(step_dir, compiled_runner.model, DECODE).is_file()
+    assert step_file(step_dir, compiled_runner.model, VERIFY).is_file()
+    other = _model(1, False)
+    assert step_fingerprint(other) == step_fingerprint(compiled_runner.model)
+    notices: list[str] = []
+    later = CompiledLanguageModel(other, on_notice=notices.append, step_dir=step_dir)
+    tokens, events = run_on(later, "pld", {"min_ngram": 1}, random_prompt(1), max_new_tokens=40)
+    assert tokens == list(_reference(1, False, 40))
+    assert sum(e.drafted for e in events) > 0
+    states = later.graph_states()
+    assert states["decode"].origin == states["verify"].origin == "loaded"
+    assert not any("compiling" in n for n in notices), notices
+
+
+def test_a_damaged_saved_step_is_compiled_again_with_one_notice(compiled_runner, step_dir, tmp_path):
+    compiled_runner.warm()
+    saved = step_file(step_dir, compiled_runner.model, DECODE)
+    damaged = tmp_path / "steps"
+    damaged.mkdir()
+    (damaged / saved.name).write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+    notices: list[str] = []
+    runner = CompiledLanguageModel(_model(0, True), on_notice=notices.append, step_dir=damaged)
+    tokens, _ = run_on(runner, "vanilla", {}, random_prompt(0), max_new_tokens=20)
+    assert tokens == list(_reference(0, True, 20))
+    assert sum("could not be loaded" in n for n in notices) == 1
+    assert runner.graph_states()["decode"].origin == "compiled"
+    assert (damaged / saved.name).stat().st_size > saved.stat().st_size // 2  # saved again, whole
+
+
+def test_a_saved_step_that_does_not_fit_the_model_is_dropped_not_trusted(tmp_path):
+    """A file under this model's name that computes something else (here: the decode step
+    of a 3-layer model in a 4-layer model's place) is caught by the first step's check
+    against the eager step: that step's output is the eager one, and the graph is
+    compiled anew."""
+    other_dir, wrong = tmp_path / "other", tmp_path / "steps"
+    shallow = CompiledLanguageModel(tiny_llama(0, layers=3), step_dir=other_dir)
+    run_on(shallow, "vanilla", {}, random_prompt(0), max_new_tokens=2)
+    model = _model(0, True)
+    wrong.mkdir()
+    step_file(wrong, model, DECODE).write_bytes(step_file(other_dir, shallow.model, DECODE).read_bytes())
+    notices: list[str] = []
+    runner = CompiledLanguageModel(model, on_notice=notices.append, step_dir=wrong)
+    tokens, _ = run_on(runner, "vanilla", {}, random_prompt(0), max_new_tokens=20)
+    assert tokens == list(_reference(0, True, 20))
+    assert sum("does not fit this model" in n for n in notices) == 1, notices
+    assert runner.graph_states()["decode"].origin == "compiled"
+
+
+def test_the_fingerprint_names_architecture_dtype_and_weight_layout_not_weights():
+    base = step_fingerprint(tiny_llama(0))
+    assert step_fingerprint(tiny_llama(5)) == base
+    assert step_fingerprint(tiny_llama(0).to(torch.bfloat16)) != base
+    assert step_fingerprint(tiny_llama(0, layers=3)) != base
 
 
 # ------------------------------------------------------------------ the CLI

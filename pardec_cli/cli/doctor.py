@@ -128,12 +128,21 @@ def _floor_lines(floor: dict[str, Any], name: str) -> list[str]:
 def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
     cache = (f"{compiled['cache_files']} files, {compiled['cache_bytes'] / 2**20:.0f} MiB" if compiled["cache_files"]
              else "empty: nothing compiled yet")
-    breakeven = compiled["break_even_tokens"]["cpu"]
+    breakeven, saved_even = compiled["break_even_tokens"]["cpu"], compiled["break_even_saved_tokens"]["cpu"]
+    steps = compiled["saved_steps"]
+    if steps:
+        kinds = ", ".join(sorted({step["kind"] for step in steps}))
+        saved = (f"{len(steps)} in {compiled['steps_dir']} ({kinds}; "
+                 f"{sum(step['bytes'] for step in steps) / 2**20:.0f} MiB): later runs load them in seconds")
+    else:
+        saved = "none yet: the first compiled run (bench, tune, serve, chat or gen --compile on) saves them"
     return [
         "", "compiled runner (--compile)",
         f"  compiler      {compiled['cxx_compiler'] or 'no C++ compiler found: CPU steps run eagerly (install g++)'}",
         f"  cache         {compiled['cache_dir']} ({cache})",
-        f"  auto          compiles for bench, tune and serve, and for gen/chat work of {breakeven}+ tokens on CPU",
+        f"  saved steps   {saved}",
+        f"  auto          compiles for bench, tune and serve, and on CPU for gen/chat work of {breakeven}+ tokens,"
+        f" or {saved_even}+ once the model's steps are saved",
     ]
 
 

@@ -11,10 +11,18 @@ from __future__ import annotations
 BREAK_EVEN_TOKENS = {"cpu": 12_800, "cuda": 4096}
 
 
-def compile_pays(expected_tokens: int | None, device: str) -> bool:
+#: The same once an earlier run saved the model's precompiled steps (CPU): loading both,
+#: not tracing the model, is the cost: ~3.6 s against ~15 ms saved per token (31.6 -> 60
+#: tok/s plain decoding, `pardec gen --compile off|on --stats`, same machine): ~240 tokens.
+BREAK_EVEN_SAVED_TOKENS = {"cpu": 256}
+
+
+def compile_pays(expected_tokens: int | None, device: str, *, saved: bool = False) -> bool:
     """Whether compiling pays back for a workload of `expected_tokens` generated tokens
-    (None: a long-lived session, chat, serve, bench or tune, where it always does)."""
+    (None: a long-lived session, chat, serve, bench or tune, where it always does);
+    `saved`: an earlier run saved this model's compiled steps (loading them is cheaper)."""
     if expected_tokens is None:
         return True
     device_type = device.split(":")[0]
-    return expected_tokens >= BREAK_EVEN_TOKENS.get(device_type, BREAK_EVEN_TOKENS["cpu"])
+    table = BREAK_EVEN_SAVED_TOKENS if saved and device_type in BREAK_EVEN_SAVED_TOKENS else BREAK_EVEN_TOKENS
+    return expected_tokens >= table.get(device_type, BREAK_EVEN_TOKENS["cpu"])

@@ -15,14 +15,24 @@ are unchanged); what differs is underneath:
 
 Compiling happens on first use of a graph, in the calling thread, announced through
 `on_notice`. A graph that fails to compile is dropped with one notice and its steps run
-eagerly from then on (same cache, same results). On CUDA the graphs use CUDA graphs
-(mode "reduce-overhead"); on CPU inductor with freezing (weights folded as constants).
+eagerly from then on (same cache, same results).
+
+On CPU each graph is precompiled (`aot_compile`: dynamo, AOTAutograd and inductor once)
+and, given a `step_dir`, saved there: a later process loads it in seconds instead of
+tracing the model again for a minute or more. Weights stay inputs of the graph (no
+freezing), so one file serves every checkpoint of the same architecture, dtype and
+weight layout (`step_fingerprint`), and its guards are not checked per call (the runner
+alone builds its inputs); a loaded graph's first step is checked against the eager step.
+On CUDA the graphs use CUDA graphs (mode "reduce-overhead") through plain torch.compile.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from time import perf_counter
 from typing import Any
 
@@ -37,6 +47,8 @@ from pardec_cli.errors import PardecUsageError
 MAX_COMPILED_ROWS = 64
 #: The graph kinds: one token (decoding), several (verifying a draft).
 DECODE, VERIFY = "decode", "verify"
+#: Bumped when the graphs' inputs or outputs change: older saved steps are then ignored.
+STEP_FORMAT = 1
 
 
 def compile_options(device_type: str) -> dict[str, Any]:
@@ -45,6 +57,52 @@ def compile_options(device_type: str) -> dict[str, Any]:
     if device_type == "cuda":
         return {"mode": "reduce-overhead", "fullgraph": True}
     return {"options": {"freezing": True}, "fullgraph": True}
+
+
+def precompiles(device_type: str) -> bool:
+    """Whether steps are precompiled and saved (CPU, with torch's `aot_compile`) rather
+    than compiled lazily by torch.compile in every process (CUDA graphs on CUDA)."""
+    return device_type == "cpu" and hasattr(torch.compiler, "load_compiled_function")
+
+
+def runner_attention(model: Any) -> str:
+    """The attention the runner runs `model` with. PyTorch's 16-bit SDPA kernel on CPUs
+    without AMX costs ~0.35 ms per layer for one query over 512 keys (fp32: 0.05 ms); the
+    plain matmul-softmax-matmul ("eager"), fused by inductor, does not. Same math, so the
+    output is unchanged up to 16-bit rounding; float32 keeps SDPA, bit-exact."""
+    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    first = next(model.parameters())
+    if first.device.type == "cpu" and first.dtype != torch.float32 and attention == "sdpa":
+        return "eager"
+    return attention
+
+
+def step_fingerprint(model: Any) -> str:
+    """What a saved step depends on: the architecture (config without its attention
+    choice), the attention the runner uses, dtype, device type, the weight layout (module
+    classes and their quantization groups) and torch's version. Not the weights: they are
+    inputs of the graph."""
+    config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k not in ("transformers_version", "name_or_path")}
+    first = next(model.parameters())
+    layout = sorted({f"{type(m).__module__}.{type(m).__qualname__}:{getattr(m, 'group_size', '')}" for m in model.modules()})
+    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, torch.__version__]
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def step_file(step_dir: Path, model: Any, kind: str = DECODE, hidden: bool = False) -> Path:
+    """Where the precompiled `kind` step of `model` is saved in `step_dir`."""
+    return step_dir / f"{kind}{'+hidden' if hidden else ''}-{step_fingerprint(model)}.pt2"
+
+
+def _input_guards(entries: Sequence[Any]) -> list[bool]:
+    # Keep the guards on the step's own inputs (shapes, dtypes) and the symbolic-shape
+    # constraints; drop the thousands on the model's modules and parameters: the model
+    # is fixed for the runner's life, and they cannot be saved with the graph.
+    return [
+        entry.guard_type == "SHAPE_ENV"
+        or (entry.guard_type == "TENSOR_MATCH" and not entry.is_global and not isinstance(entry.value, torch.nn.Parameter))
+        for entry in entries
+    ]
 
 
 def graph_kind(rows: int) -> str | None:
@@ -94,6 +152,12 @@ class GraphState:
     compiled: Callable[..., Any] | None = None
     failed: str | None = None
     compile_seconds: float | None = None
+    #: "compiled" (traced in this process, lazily or ahead of time) or "loaded" (saved step)
+    origin: str = "compiled"
+    #: a loaded step's first output is compared with the eager step's before it is trusted
+    unchecked: bool = False
+    #: torch.compile compiles on first call (needs dynamic-dimension marks every call)
+    lazy: bool = False
 
 
 class CompiledLanguageModel(LanguageModel):
@@ -105,7 +169,8 @@ class CompiledLanguageModel(LanguageModel):
         return (getattr(model.config, "_attn_implementation", None) or "eager") in TREE_ATTENTION
 
     def __init__(
-        self, model: Any, *, on_notice: Callable[[str], None] | None = None, compile_fn: Callable[..., Any] | None = None
+        self, model: Any, *, on_notice: Callable[[str], None] | None = None, compile_fn: Callable[..., Any] | None = None,
+        step_dir: Path | None = None,
     ) -> None:
         super().__init__(model)
         if not self.supports(model):
@@ -118,14 +183,13 @@ class CompiledLanguageModel(LanguageModel):
         # kinds of step; dynamo's default of 8 entries per function would silently turn
         # the graphs of a second and third model in one process (tests, a drafter) eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        if self.device.type == "cpu" and self.dtype != torch.float32 and self.config._attn_implementation == "sdpa":
-            # PyTorch's 16-bit SDPA kernel on CPUs without AMX costs ~0.35 ms per layer for one
-            # query over 512 keys (fp32: 0.05 ms); the plain matmul-softmax-matmul ("eager"
-            # attention), fused by inductor, does not. Same math, so the output is unchanged
-            # up to 16-bit rounding; float32 keeps SDPA, where greedy output is bit-exact.
-            model.set_attn_implementation("eager")
+        if (attention := runner_attention(model)) != self.config._attn_implementation:
+            model.set_attn_implementation(attention)
         self._on_notice = on_notice or (lambda message: None)
+        # An injected compile_fn (tests) always compiles lazily, like torch.compile on CUDA.
+        self._precompile = compile_fn is None and precompiles(self.device.type)
         self._compile_fn = compile_fn or torch.compile
+        self.step_dir = step_dir if self._precompile else None
         self._graphs: dict[tuple[str, bool], GraphState] = {}
         self.capacity_hint = 0
 
@@ -146,15 +210,36 @@ class CompiledLanguageModel(LanguageModel):
         """The graphs used so far: "decode", "verify", "+hidden" variants -> state."""
         return {f"{kind}{'+hidden' if hidden else ''}": state for (kind, hidden), state in self._graphs.items()}
 
-    def _graph(self, kind: str, hidden: bool) -> Callable[..., Any] | None:
-        state = self._graphs.get((kind, hidden))
-        if state is None:
-            state = self._graphs[(kind, hidden)] = GraphState(compiled=self._compile_fn(_forward, **compile_options(self.device.type)))
-        return state.compiled if state.failed is None else None
+    def _build(self, kind: str, hidden: bool, args: tuple[Any, ...]) -> GraphState:
+        """The graph for a kind of step: loaded from `step_dir`, precompiled now (and
+        saved), or (CUDA, injected compilers) a torch.compile wrapper compiling on first call."""
+        if not self._precompile:
+            return GraphState(compiled=self._compile_fn(_forward, **compile_options(self.device.type)), lazy=True)
+        path = step_file(self.step_dir, self.model, kind, hidden) if self.step_dir is not None else None
+        if path is not None and path.is_file():
+            try:
+                with path.open("rb") as file:
+                    loaded = torch.compiler.load_compiled_function(file, external_data={"model": self.model})
+                loaded.disable_guard_check()
+                return GraphState(compiled=loaded, origin="loaded", unchecked=True)
+            except Exception as exc:  # another torch, a truncated file: compile it again
+                self._on_notice(f"the saved {kind} step could not be loaded ({_first_line(exc)}); compiling it again")
+        self._on_notice(f"compiling the {kind} step (once per model; saved for later runs)")
+        # No backward graph: with parameters that require grad, AOTAutograd would build one.
+        self.model.requires_grad_(False)
+        compiled = torch.compile(_forward, fullgraph=True, options={"guard_filter_fn": _input_guards}).aot_compile((args, {}))
+        compiled.disable_guard_check()
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                compiled.save_compiled_function(str(path), external_data={"model": self.model})
+            except Exception as exc:  # a full disk must not end the generation
+                self._on_notice(f"could not save the compiled {kind} step ({_first_line(exc)}); it is compiled again next time")
+        return GraphState(compiled=compiled)
 
     def _drop(self, kind: str, hidden: bool, exc: BaseException) -> None:
         state = self._graphs[(kind, hidden)]
-        state.compiled, state.failed = None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        state.compiled, state.failed = None, _first_line(exc)
         self._on_notice(f"compiling the {kind} step failed ({state.failed}); running it eagerly")
 
     def warm(self, *, hidden_layers: bool = False) -> None:
@@ -184,28 +269,70 @@ class CompiledLanguageModel(LanguageModel):
         # A prefill (last_only, many rows) runs eagerly: it keeps only the last row's logits.
         kind = graph_kind(rows) if rows == 1 or not last_only else None
         out = None
-        if kind is not None and (graph := self._graph(kind, hidden)) is not None:
-            self._mark_dynamic(kind, input_ids, positions, mask, cache)
-            first = self._graphs[(kind, hidden)].compile_seconds is None
-            if first:
-                self._on_notice(f"compiling the {kind} step (once per model; cached on disk)")
-            began = perf_counter()
-            if self.device.type == "cuda":
-                # The previous step's outputs were consumed (the loop keeps no logits across
-                # steps): CUDA graph replays may reuse their memory.
-                torch.compiler.cudagraph_mark_step_begin()
-            try:
-                out = graph(self.model, input_ids, positions, mask, cache, hidden)
-            except Exception as exc:  # a compiler error must not end the generation
-                self._drop(kind, hidden, exc)
-            else:
-                if first:
-                    self._graphs[(kind, hidden)].compile_seconds = perf_counter() - began
+        if kind is not None:
+            out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden))
         if out is None:
             out = self._eager(input_ids, positions, mask, cache, hidden, last_only)
         cache.length = start + rows
         logits, states = out
         return _Output(logits, states)
+
+    def _compiled_step(self, kind: str, hidden: bool, args: tuple[Any, ...]) -> Any:
+        """Run one step through its graph (building it first if needed); None: run it eagerly."""
+        _, input_ids, positions, mask, cache, _ = args
+        state = self._graphs.get((kind, hidden))
+        began = perf_counter()
+        if state is None or state.lazy:
+            self._mark_dynamic(kind, input_ids, positions, mask, cache)
+        if state is None:
+            if not self._precompile:
+                self._on_notice(f"compiling the {kind} step (once per model; cached on disk)")
+            try:
+                state = self._graphs[(kind, hidden)] = self._build(kind, hidden, args)
+            except Exception as exc:  # a compiler error must not end the generation
+                self._graphs[(kind, hidden)] = GraphState()
+                self._drop(kind, hidden, exc)
+                return None
+        if state.compiled is None:
+            return None
+        if state.unchecked:
+            return self._first_loaded_step(kind, hidden, state, args)
+        if self.device.type == "cuda":
+            # The previous step's outputs were consumed (the loop keeps no logits across
+            # steps): CUDA graph replays may reuse their memory.
+            torch.compiler.cudagraph_mark_step_begin()
+        try:
+            out = state.compiled(*args)
+        except Exception as exc:
+            self._drop(kind, hidden, exc)
+            return None
+        if state.compile_seconds is None:
+            state.compile_seconds = perf_counter() - began
+        return out
+
+    def _first_loaded_step(self, kind: str, hidden: bool, state: GraphState, args: tuple[Any, ...]) -> Any:
+        """A loaded step's first run, checked against the eager step on the same inputs
+        (both write the same cache rows, the eager one last); a mismatch drops the saved
+        graph, and the next step of this kind compiles it again."""
+        _, input_ids, positions, mask, cache, hidden = args
+        assert state.compiled is not None
+        began = perf_counter()
+        try:
+            out = state.compiled(*args)
+        except Exception as exc:
+            out, reason = None, _first_line(exc)
+        seconds = perf_counter() - began
+        expected = self._eager(input_ids, positions, mask, cache, hidden, False)
+        if out is not None and _close(out[0], expected[0]):
+            state.unchecked, state.compile_seconds = False, seconds
+            return out
+        if out is not None:
+            reason = "its logits differ from the eager step's"
+        del self._graphs[(kind, hidden)]
+        if self.step_dir is not None:
+            step_file(self.step_dir, self.model, kind, hidden).unlink(missing_ok=True)
+        self._on_notice(f"the saved {kind} step does not fit this model ({reason}); compiling it again")
+        return expected
 
     def _eager(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, hidden: bool, last_only: bool) -> tuple[torch.Tensor, Any]:
         out = self.model(
@@ -226,6 +353,22 @@ class CompiledLanguageModel(LanguageModel):
         for layer in cache.layers:
             mark(layer.keys, 2)
             mark(layer.values, 2)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether a compiled step's logits match the eager step's: to float32 rounding, or
+    to a few 16-bit roundings of the logits' scale (fused kernels round differently)."""
+    if got.shape != expected.shape:
+        return False
+    if expected.dtype == torch.float32:
+        return torch.allclose(got, expected, rtol=1e-3, atol=1e-3)
+    scale = float(expected.abs().max()) or 1.0
+    return float((got.float() - expected.float()).abs().max()) <= 0.05 * scale
 
 
 @dataclass
