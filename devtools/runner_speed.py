@@ -73,11 +73,12 @@ def main() -> None:
     one = rows[0] if rows and rows[0]["k"] == 1 else None
     saved_ms = one["eager"][1] - one["compiled"][1] if one else float("nan")
     break_even = compile_s / (saved_ms / 1000) if saved_ms > 0 else float("inf")
-    print(f"compile (both graphs) {compile_s:.1f} s; saved per one-token step {saved_ms:.1f} ms; "
+    origins = sorted({state.origin for state in target.graph_states().values()})
+    print(f"{' and '.join(origins)} (both graphs) {compile_s:.1f} s; saved per one-token step {saved_ms:.1f} ms; "
           f"break-even {break_even:.0f} tokens")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": compiled.model_name, "dtype": args.dtype, "context": args.context, "compile_s": compile_s,
+            json.dump({"model": compiled.model_name, "dtype": args.dtype, "context": args.context, "compile_s": compile_s, "origins": origins,
                        "rows": rows, "break_even_tokens": break_even}, f, indent=1)
 
 

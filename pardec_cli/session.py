@@ -161,6 +161,7 @@ class Session:
         model_path: Path | None = None,
         model_repo: str | None = None,
         compiled: bool = False,
+        compile_missing: bool = True,
         notice: Callable[[str], None] | None = None,
         weights: str = "full",
     ) -> None:
@@ -169,7 +170,9 @@ class Session:
         if compiled:
             from pardec_cli.engine.runner import CompiledLanguageModel
 
-            self.target: LanguageModel = CompiledLanguageModel(model, on_notice=notice, step_dir=compiled_steps_dir())
+            self.target: LanguageModel = CompiledLanguageModel(
+                model, on_notice=notice, step_dir=compiled_steps_dir(), compile_missing=compile_missing
+            )
         else:
             self.target = LanguageModel(model)
         self.tokenizer = tokenizer
@@ -206,7 +209,7 @@ class Session:
         one-line messages (compiling, falling back to eager).
         """
         from pardec_cli.engine.compile_policy import compile_pays
-        from pardec_cli.engine.runner import CompiledLanguageModel, step_file
+        from pardec_cli.engine.runner import DECODE, VERIFY, CompiledLanguageModel, step_file
         from pardec_cli.hardware import resolve_device, resolve_dtype
         from pardec_cli.store.loading import load_model
         from pardec_cli.store.resolve import resolve_model
@@ -217,10 +220,13 @@ class Session:
         dtype = resolve_dtype(dtype, device)
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights)
+        # auto: compile for long-lived sessions and long work; for shorter work only when an
+        # earlier run saved the steps, and then without compiling any that are missing.
+        saved = all(step_file(compiled_steps_dir(), model, kind).is_file() for kind in (DECODE, VERIFY))
         compiled = compile == "on" or (
-            compile == "auto" and CompiledLanguageModel.supports(model)
-            and compile_pays(expected_tokens, device, saved=step_file(compiled_steps_dir(), model).is_file())
+            compile == "auto" and CompiledLanguageModel.supports(model) and compile_pays(expected_tokens, device, saved=saved)
         )
+        compile_missing = compile == "on" or compile_pays(expected_tokens, device)
         if compiled:
             use_compile_cache()
         from pardec_cli.quant import weights_label
@@ -228,7 +234,7 @@ class Session:
         return cls(
             model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline,
             model_source=resolved.source, model_path=resolved.path, model_repo=resolved.repo,
-            compiled=compiled, notice=notice, weights=weights_label(model),
+            compiled=compiled, compile_missing=compile_missing, notice=notice, weights=weights_label(model),
         )
 
     @property

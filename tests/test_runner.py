@@ -345,11 +345,53 @@ def test_a_saved_step_that_does_not_fit_the_model_is_dropped_not_trusted(tmp_pat
     assert runner.graph_states()["decode"].origin == "compiled"
 
 
+def test_a_loaded_step_is_trusted_to_rounding_not_to_another_model():
+    from pardec_cli.engine.runner import _close
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 3, 500, generator=g) * 8
+    rounded = (logits + 0.1 * logits.norm() / 500 ** 0.5 / 3 ** 0.5 * torch.randn(1, 3, 500, generator=g))
+    assert _close(rounded.bfloat16(), logits.bfloat16())  # ~10% of the norm: 16-bit rounding
+    assert not _close(torch.randn(1, 3, 500, generator=g).bfloat16() * 8, logits.bfloat16())
+    assert _close(logits + 1e-5, logits) and not _close(rounded, logits)  # float32: to 1e-3
+    assert not _close(logits[:, :2], logits)
+
+
 def test_the_fingerprint_names_architecture_dtype_and_weight_layout_not_weights():
     base = step_fingerprint(tiny_llama(0))
     assert step_fingerprint(tiny_llama(5)) == base
     assert step_fingerprint(tiny_llama(0).to(torch.bfloat16)) != base
     assert step_fingerprint(tiny_llama(0, layers=3)) != base
+
+
+def test_without_compile_missing_only_saved_steps_run_compiled(tmp_path):
+    """What auto does for a short generation: saved steps load, missing ones run eagerly
+    at once instead of compiling for a minute in the middle of it."""
+    notices: list[str] = []
+    runner = CompiledLanguageModel(_model(0, True), on_notice=notices.append, step_dir=tmp_path, compile_missing=False)
+    tokens, _ = run_on(runner, "pld", {"min_ngram": 1}, random_prompt(0), max_new_tokens=20)
+    assert tokens == list(_reference(0, True, 20))
+    assert notices == [] and not any(tmp_path.iterdir())
+    assert {state.failed for state in runner.graph_states().values()} == {"not saved (runs eagerly)"}
+
+
+@pytest.mark.real_model  # Session.load reads the real tokenizer
+def test_auto_compiles_short_work_only_once_both_steps_are_saved(tiny_cli_model, isolated_home):
+    from pardec_cli.session import Session, compiled_steps_dir
+
+    def load(tokens):
+        return Session.load(str(tiny_cli_model), dtype="float32", device="cpu", compile="auto", expected_tokens=tokens)
+
+    assert not load(256).compiled
+    model = load(256).target.model
+    compiled_steps_dir().mkdir(parents=True)
+    step_file(compiled_steps_dir(), model, DECODE).write_bytes(b"saved")
+    assert not load(256).compiled  # the verify step is not saved yet
+    step_file(compiled_steps_dir(), model, VERIFY).write_bytes(b"saved")
+    session = load(256)
+    assert session.compiled and session.target.compile_missing is False
+    assert not load(64).compiled
+    assert load(None).target.compile_missing is True  # bench, tune, serve: compile what is missing
 
 
 # ------------------------------------------------------------------ the CLI

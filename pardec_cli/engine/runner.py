@@ -170,7 +170,7 @@ class CompiledLanguageModel(LanguageModel):
 
     def __init__(
         self, model: Any, *, on_notice: Callable[[str], None] | None = None, compile_fn: Callable[..., Any] | None = None,
-        step_dir: Path | None = None,
+        step_dir: Path | None = None, compile_missing: bool = True,
     ) -> None:
         super().__init__(model)
         if not self.supports(model):
@@ -190,6 +190,9 @@ class CompiledLanguageModel(LanguageModel):
         self._precompile = compile_fn is None and precompiles(self.device.type)
         self._compile_fn = compile_fn or torch.compile
         self.step_dir = step_dir if self._precompile else None
+        # False: only saved steps are used, any other kind runs eagerly (nobody waits a
+        # minute for a compile in the middle of a short generation).
+        self.compile_missing = compile_missing
         self._graphs: dict[tuple[str, bool], GraphState] = {}
         self.capacity_hint = 0
 
@@ -224,6 +227,8 @@ class CompiledLanguageModel(LanguageModel):
                 return GraphState(compiled=loaded, origin="loaded", unchecked=True)
             except Exception as exc:  # another torch, a truncated file: compile it again
                 self._on_notice(f"the saved {kind} step could not be loaded ({_first_line(exc)}); compiling it again")
+        if not self.compile_missing:
+            return GraphState(failed="not saved (runs eagerly)")
         self._on_notice(f"compiling the {kind} step (once per model; saved for later runs)")
         # No backward graph: with parameters that require grad, AOTAutograd would build one.
         self.model.requires_grad_(False)
@@ -361,14 +366,16 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Whether a compiled step's logits match the eager step's: to float32 rounding, or
-    to a few 16-bit roundings of the logits' scale (fused kernels round differently)."""
+    """Whether a loaded step's logits match the eager step's: to float32 rounding, or in
+    16 bits to within a quarter of their norm. Fused kernels round differently; through 30
+    bf16 layers the first position of SmolLM2-135M differs by 10% of the norm, later ones
+    by under 4%; a graph of another model misses by the norm itself."""
     if got.shape != expected.shape:
         return False
     if expected.dtype == torch.float32:
         return torch.allclose(got, expected, rtol=1e-3, atol=1e-3)
-    scale = float(expected.abs().max()) or 1.0
-    return float((got.float() - expected.float()).abs().max()) <= 0.05 * scale
+    error = float((got.float() - expected.float()).norm())
+    return error <= 0.25 * float(expected.float().norm())
 
 
 @dataclass
