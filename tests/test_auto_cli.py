@@ -106,7 +106,7 @@ def test_bench_runs_auto_per_prompt_and_reports_its_choices(tiny_cli_model, tmp_
         + json.dumps({"question_id": 2, "category": "qa", "turns": [CHAT_PROMPT]}) + "\n"
     )
     result = invoke(["bench", "-m", str(tiny_cli_model), "--dtype", "float32", "--prompts", str(prompts),
-                     "--methods", "auto,pld", "-n", "8", "--json", "-"])
+                     "--methods", "auto,pld", "-n", "8", "--json", "-", "--compile", "off"])
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     auto_runs = [r for r in report["runs"] if r["label"] == "auto"]

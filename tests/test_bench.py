@@ -126,7 +126,8 @@ def test_bench_command_on_the_embedded_model(tmp_path, embedded_pardec_home, mon
     ])
     out = tmp_path / "bench.json"
     result = invoke(["bench", "--prompts", str(prompts), "--methods", "vanilla,pld[num_draft=4]", "-n", "8",
-                     "--dtype", "float32", "--baseline-hf", "--json", str(out)])
+                     "--dtype", "float32", "--baseline-hf", "--json", str(out),
+                     "--compile", "off"])  # the compiled runner has its own tests; compiling here took minutes
     assert result.exit_code == 0, result.stderr
     assert "== overall (2 prompts) ==" in result.stdout
     document = json.loads(out.read_text())

@@ -79,10 +79,11 @@ def compile_option(f: F) -> F:
     `compile = "off"` in config.toml, PARDEC_GEN_COMPILE=off in the environment."""
     return click.option(
         "--compile", "compile", default=AUTO, show_default=True, type=click.Choice(["auto", "on", "off"]),
-        help="Run decoding steps through torch.compile over a static KV cache. on: compile on first use "
-        "(tens of seconds once per process; the on-disk cache makes later compiles shorter); off: eager; "
-        "auto: compiled where the work is long enough to pay the compile back (bench, tune, serve, and "
-        "a -n large enough; `pardec doctor` says how large). The output is the same either way.",
+        help="Run decoding steps through torch.compile over a static KV cache. on: compile each kind of "
+        "step on first use (a minute or two per model on CPU, once: the steps are saved and later runs "
+        "load them in seconds); off: eager; auto: compiled where it pays back (bench, tune, serve, and "
+        "a -n large enough, far smaller once the steps are saved; `pardec doctor` says how large). "
+        "The output is the same either way.",
     )(f)
 
 
