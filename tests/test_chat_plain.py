@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pardec_cli.tui.conversation import ConversationStore
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.tui.conversation import Conversation, ConversationStore, Message
 from tests.cli_helpers import invoke
 
 
@@ -143,3 +144,15 @@ def test_a_servers_stream_carries_live_stats_and_tokens_per_step(served):
 def test_top_k_cannot_go_to_a_server(served):
     result = invoke(["chat", "--server", served.url, "--top-k", "5", "Hi"])
     assert result.exit_code == 2 and "top_k is not part of the OpenAI API" in result.stderr
+
+
+def test_copy_finds_the_last_or_the_nth_reply_from_the_end_and_explains_the_rest():
+    conversation = Conversation(messages=[Message("user", "a"), Message("assistant", "first"),
+                                          Message("user", "b"), Message("assistant", "second")])
+    assert conversation.reply_to_copy("") == "second"
+    assert conversation.reply_to_copy("2") == "first"
+    for which, words in (("3", "no such reply"), ("0", "no such reply"), ("two", "takes a number")):
+        with pytest.raises(PardecUsageError, match=words):
+            conversation.reply_to_copy(which)
+    with pytest.raises(PardecUsageError, match="no reply to copy yet"):
+        Conversation().reply_to_copy("")

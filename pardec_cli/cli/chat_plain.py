@@ -142,16 +142,9 @@ class PlainChat:
         self.note("/history ID continues one" if rows else "no saved conversations")
 
     def copy(self, which: str) -> None:
-        replies = [m for m in self.conversation.messages if m.role == "assistant"]
-        try:
-            back = int(which) if which.strip() else 1
-        except ValueError:
-            raise PardecUsageError(f"/copy takes a number (1: the last reply), got {which!r}") from None
-        if not 1 <= back <= len(replies):
-            raise PardecUsageError("there is no such reply to copy" if replies else "there is no reply to copy yet")
+        text = self.conversation.reply_to_copy(which)
         if not self.interactive:
             raise PardecUsageError("/copy needs a terminal (it asks the terminal to set the clipboard)")
-        text = replies[-back].content
         # OSC 52: the terminal puts the text on the clipboard (what Textual's copy_to_clipboard sends).
         self.out.write(f"\033]52;c;{base64.b64encode(text.encode()).decode()}\a")
         self.out.flush()

@@ -636,16 +636,11 @@ class ChatApp(App[None]):
 
         Through the terminal (OSC 52, Textual's `copy_to_clipboard`): it works over SSH
         too, where the terminal allows it."""
-        replies = [m for m in self.conversation.messages if m.role == "assistant"]
         try:
-            back = int(which) if which.strip() else 1
-        except ValueError:
-            raise PardecUsageError(f"/copy takes a number (1: the last reply), got {which!r}") from None
-        if not 1 <= back <= len(replies):
-            self.notify("There is no such reply to copy." if replies else "There is no reply to copy yet.",
-                        severity="warning")
+            text = self.conversation.reply_to_copy(which)
+        except PardecUsageError as exc:
+            self.notify(f"{exc.message[0].upper()}{exc.message[1:]}.", severity="warning")
             return False
-        text = replies[-back].content
         self.copy_to_clipboard(text)
         self.notify(f"Copied the reply ({len(text)} characters)")
         return True

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pardec_cli.errors import PardecError
+from pardec_cli.errors import PardecError, PardecUsageError
 from pardec_cli.home import pardec_home
 
 FORMAT_VERSION = 1
@@ -106,6 +106,17 @@ class Conversation:
     def clear(self) -> None:
         """Forget the turns (the system prompt and the model stay)."""
         self.messages.clear()
+
+    def reply_to_copy(self, which: str) -> str:
+        """The reply `/copy [N]` means: the last one, or the N-th from the end."""
+        replies = [m for m in self.messages if m.role == "assistant"]
+        try:
+            back = int(which) if which.strip() else 1
+        except ValueError:
+            raise PardecUsageError(f"/copy takes a number (1: the last reply), got {which!r}") from None
+        if not 1 <= back <= len(replies):
+            raise PardecUsageError("there is no such reply to copy" if replies else "there is no reply to copy yet")
+        return replies[-back].content
 
     def to_dict(self) -> dict[str, Any]:
         return {

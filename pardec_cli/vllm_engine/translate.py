@@ -243,7 +243,8 @@ def unsupported_error(method: str) -> PardecUsageError:
     return PardecUsageError(
         f"vLLM cannot run --method {method}: {r.why}; the closest it runs is {r.closest_vllm} "
         f"(--method {r.closest})",
-        hint=f"pardec gen --engine vllm --method {r.closest} ..., or drop --engine vllm to run {method} on pardec's engine",
+        hint=f"use --method {r.closest} with --engine vllm (gen or serve), or drop --engine vllm to run {method} on "
+        "pardec's engine",
     )
 
 
