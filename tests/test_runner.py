@@ -350,8 +350,8 @@ def test_a_loaded_step_is_trusted_to_rounding_not_to_another_model():
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(1, 3, 500, generator=g) * 8
-    rounded = (logits + 0.1 * logits.norm() / 500 ** 0.5 / 3 ** 0.5 * torch.randn(1, 3, 500, generator=g))
-    assert _close(rounded.bfloat16(), logits.bfloat16())  # ~10% of the norm: 16-bit rounding
+    rounded = (logits + 0.3 * logits.norm() / 500 ** 0.5 / 3 ** 0.5 * torch.randn(1, 3, 500, generator=g))
+    assert _close(rounded.bfloat16(), logits.bfloat16())  # ~30% of the norm: 16-bit rounding at position 0
     assert not _close(torch.randn(1, 3, 500, generator=g).bfloat16() * 8, logits.bfloat16())
     assert _close(logits + 1e-5, logits) and not _close(rounded, logits)  # float32: to 1e-3
     assert not _close(logits[:, :2], logits)

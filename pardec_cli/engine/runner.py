@@ -253,6 +253,9 @@ class CompiledLanguageModel(LanguageModel):
         (chat, serve) and for measurements (bench, tune)."""
         cache = self.new_cache()
         with torch.inference_mode():
+            # A short eager prefill first: a loaded graph is checked on its first step, and
+            # 16-bit logits at the very first positions are too sensitive to rounding.
+            self._run(list(range(1, 17)), cache, True, None, hidden=False)
             for hidden in (False, True) if hidden_layers else (False,):
                 for rows in (1, 2):
                     self._run([0] * rows, cache, False, None, hidden=hidden)
@@ -367,15 +370,16 @@ def _first_line(exc: BaseException) -> str:
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
     """Whether a loaded step's logits match the eager step's: to float32 rounding, or in
-    16 bits to within a quarter of their norm. Fused kernels round differently; through 30
-    bf16 layers the first position of SmolLM2-135M differs by 10% of the norm, later ones
-    by under 4%; a graph of another model misses by the norm itself."""
+    16 bits to within half their norm. A graph of another model misses by about the norm
+    itself (or more); fused kernels round differently from eager ones, and through 30
+    bf16 layers of SmolLM2-135M that moves the logits by 0.5-4% of their norm after a
+    prompt, but by up to 35% at the first two positions of an empty cache."""
     if got.shape != expected.shape:
         return False
     if expected.dtype == torch.float32:
         return torch.allclose(got, expected, rtol=1e-3, atol=1e-3)
     error = float((got.float() - expected.float()).norm())
-    return error <= 0.25 * float(expected.float().norm())
+    return error <= 0.5 * float(expected.float().norm())
 
 
 @dataclass
