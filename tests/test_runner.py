@@ -311,6 +311,20 @@ def test_saved_steps_load_in_a_later_runner_for_another_checkpoint(compiled_runn
     assert not any("compiling" in n for n in notices), notices
 
 
+def test_hidden_states_come_out_of_compiled_and_saved_steps(tmp_path):
+    """EAGLE-3 reads three layers' hidden states from every step: the "+hidden" graphs."""
+    model = peaked(tiny_llama(2))
+    write_eagle3(tmp_path / "eagle3", model, seed=2)
+    runner = CompiledLanguageModel(model, step_dir=tmp_path / "steps")
+    env = head_env(model, {"eagle3": tmp_path / "eagle3"}, target=runner)
+    prompt = random_prompt(2)
+    events = list(decode(runner, registry.create("eagle3", {"topk": 3, "depth": 3, "nodes": 8}, env), prompt, max_new_tokens=40))
+    assert [t for e in events for t in e.tokens] == hf_greedy(model, prompt, 40)
+    assert sum(e.drafted for e in events) > 0
+    assert {name: state.failed for name, state in runner.graph_states().items()} == {"decode+hidden": None, "verify+hidden": None}
+    assert step_file(tmp_path / "steps", model, VERIFY, hidden=True).is_file()
+
+
 def test_a_damaged_saved_step_is_compiled_again_with_one_notice(compiled_runner, step_dir, tmp_path):
     compiled_runner.warm()
     saved = step_file(step_dir, compiled_runner.model, DECODE)
