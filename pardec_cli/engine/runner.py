@@ -5,13 +5,14 @@ are unchanged); what differs is underneath:
 
 - the KV cache is a `StaticKVCache`: preallocated for the prompt plus the tokens asked
   for, rolled back by changing its length, grown in powers of two;
-- every input row gets an explicit position and a 4-D mask row over the whole buffer
-  (cache rows before the step, its own tree ancestors; nothing at or past the filled
-  length), so a chain, a tree and one token are the same computation;
+- every input row gets an explicit position and a 4-D mask row over the attended window
+  (the filled rows rounded up to WINDOW_ROWS: cache rows before the step, its own tree
+  ancestors; nothing at or past the filled length), so a chain, a tree and one token are
+  the same computation, and attention does not read the empty tail of the buffer;
 - steps of 1 token and steps of 2..MAX_COMPILED_ROWS tokens run through two compiled
-  graphs (the second with a symbolic row count and capacity: one compile serves every
-  draft size and every cache size); prefills and anything larger run eagerly over the
-  same buffers.
+  graphs (the second with a symbolic row count; both with a symbolic window and capacity:
+  one compile serves every draft size and every cache size); prefills and anything
+  larger run eagerly over the same buffers.
 
 Compiling happens on first use of a graph, in the calling thread, announced through
 `on_notice`. A graph that fails to compile is dropped with one notice and its steps run
@@ -48,7 +49,10 @@ MAX_COMPILED_ROWS = 64
 #: The graph kinds: one token (decoding), several (verifying a draft).
 DECODE, VERIFY = "decode", "verify"
 #: Bumped when the graphs' inputs or outputs change: older saved steps are then ignored.
-STEP_FORMAT = 1
+STEP_FORMAT = 2
+#: Attention reads the filled rows rounded up to this many (CPU; CUDA graphs read the
+#: whole buffer: one recorded graph, not one per width).
+WINDOW_ROWS = 64
 
 
 def compile_options(device_type: str) -> dict[str, Any]:
@@ -105,6 +109,13 @@ def _input_guards(entries: Sequence[Any]) -> list[bool]:
     ]
 
 
+def attended_rows(filled: int, capacity: int, device_type: str) -> int:
+    """How many cache rows a step over `filled` rows (cached plus its own) attends to."""
+    if device_type == "cuda":
+        return capacity
+    return min(capacity, -(-filled // WINDOW_ROWS) * WINDOW_ROWS)
+
+
 def graph_kind(rows: int) -> str | None:
     """Which compiled graph runs a step of `rows` inputs (None: eager)."""
     if rows == 1:
@@ -115,10 +126,11 @@ def graph_kind(rows: int) -> str | None:
 
 
 def step_mask(
-    start: int, rows: int, capacity: int, parents: Sequence[int] | None, *, dtype: torch.dtype, device: torch.device
+    start: int, rows: int, width: int, parents: Sequence[int] | None, *, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask [1, 1, rows, capacity] (0 where attending, the dtype's minimum elsewhere) and
-    position ids [1, rows] for `rows` inputs written at cache rows start..start+rows-1.
+    """Mask [1, 1, rows, width] over the first `width` cache rows (0 where attending, the
+    dtype's minimum elsewhere) and position ids [1, rows] for `rows` inputs written at
+    cache rows start..start+rows-1 (start + rows <= width).
 
     Row r sees the `start` cached rows and, among the new ones, itself and its ancestors:
     all earlier rows for a chain, the tree's ancestors with `parents` (`engine.tree`).
@@ -130,10 +142,10 @@ def step_mask(
         allowed = torch.from_numpy(ancestor_matrix(parents))
         positions = torch.tensor([start, *(start + d for d in depths(parents))])
     low = torch.finfo(dtype).min
-    mask = torch.full((rows, capacity), low, dtype=dtype)
+    mask = torch.full((rows, width), low, dtype=dtype)
     mask[:, :start] = 0
     mask[:, start : start + rows].masked_fill_(allowed, 0)
-    return mask.view(1, 1, rows, capacity).to(device), positions.view(1, rows).to(device)
+    return mask.view(1, 1, rows, width).to(device), positions.view(1, rows).to(device)
 
 
 def _forward(model: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, hidden: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
@@ -232,7 +244,12 @@ class CompiledLanguageModel(LanguageModel):
         self._on_notice(f"compiling the {kind} step (once per model; saved for later runs)")
         # No backward graph: with parameters that require grad, AOTAutograd would build one.
         self.model.requires_grad_(False)
-        compiled = torch.compile(_forward, fullgraph=True, options={"guard_filter_fn": _input_guards}).aot_compile((args, {}))
+        # No duck sizing: a window as wide as the buffer at compile time must not become
+        # one symbol with the capacity (the graph runs without its guards).
+        from torch.fx.experimental import _config as shapes_config
+
+        with shapes_config.patch(use_duck_shape=False):
+            compiled = torch.compile(_forward, fullgraph=True, options={"guard_filter_fn": _input_guards}).aot_compile((args, {}))
         compiled.disable_guard_check()
         if path is not None:
             try:
@@ -271,8 +288,10 @@ class CompiledLanguageModel(LanguageModel):
         start = cache.length
         if start + rows > cache.capacity:
             cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
-        mask, positions = step_mask(start, rows, cache.capacity, parents, dtype=self.dtype, device=self.device)
+        width = attended_rows(start + rows, cache.capacity, self.device.type)
+        mask, positions = step_mask(start, rows, width, parents, dtype=self.dtype, device=self.device)
         cache.slots.positions = torch.arange(start, start + rows, device=self.device)
+        cache.slots.window = mask
         input_ids = self.as_input(token_ids)
         # A prefill (last_only, many rows) runs eagerly: it keeps only the last row's logits.
         kind = graph_kind(rows) if rows == 1 or not last_only else None

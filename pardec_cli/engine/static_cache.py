@@ -37,10 +37,14 @@ def _static_address(*buffers: torch.Tensor) -> None:
 
 
 class _Slots:
-    """Where the rows of the current forward go: [q] long, shared by every layer."""
+    """What the current forward needs from every layer: where its rows go (`positions`,
+    [q] long) and how many rows attention reads (`window`: the step's mask [1, 1, q, W],
+    W <= capacity; None: the whole buffer). The width is read from a tensor's shape so
+    that a compiled step keeps it symbolic: one graph for every width."""
 
     def __init__(self, device: torch.device) -> None:
         self.positions = torch.zeros(1, dtype=torch.long, device=device)
+        self.window: torch.Tensor | None = None
 
 
 class StaticLayerKV(CacheLayerMixin):
@@ -64,11 +68,16 @@ class StaticLayerKV(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         # key_states: [1, H_kv, q, D] -> rows slots.positions of the buffers; attention
-        # reads all `capacity` rows, the mask hiding the unfilled ones.
+        # reads the first W rows (the window), the mask hiding the unfilled ones: it does
+        # not pay for the empty tail of a cache sized for a long generation.
         positions = self.slots.positions
         self.keys.index_copy_(2, positions, key_states)
         self.values.index_copy_(2, positions, value_states)
-        return self.keys, self.values
+        window = self.slots.window
+        if window is None:
+            return self.keys, self.values
+        width = window.shape[-1]
+        return self.keys[:, :, :width], self.values[:, :, :width]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.keys.shape[-2], 0
