@@ -79,7 +79,7 @@ def test_compile_options_use_cuda_graphs_on_cuda_and_freezing_on_cpu():
 def test_compiling_pays_for_long_lived_sessions_and_long_work_only():
     assert compile_pays(None, "cpu") and compile_pays(None, "cuda:1")
     assert not compile_pays(256, "cpu")
-    assert compile_pays(256, "cpu", saved=True) and not compile_pays(64, "cpu", saved=True)
+    assert compile_pays(512, "cpu", saved=True) and not compile_pays(64, "cpu", saved=True)
     assert compile_pays(1_000_000, "cpu") and compile_pays(1_000_000, "cuda:0")
 
 
@@ -396,13 +396,13 @@ def test_auto_compiles_short_work_only_once_both_steps_are_saved(tiny_cli_model,
     def load(tokens):
         return Session.load(str(tiny_cli_model), dtype="float32", device="cpu", compile="auto", expected_tokens=tokens)
 
-    assert not load(256).compiled
-    model = load(256).target.model
+    assert not load(512).compiled
+    model = load(512).target.model
     compiled_steps_dir().mkdir(parents=True)
     step_file(compiled_steps_dir(), model, DECODE).write_bytes(b"saved")
-    assert not load(256).compiled  # the verify step is not saved yet
+    assert not load(512).compiled  # the verify step is not saved yet
     step_file(compiled_steps_dir(), model, VERIFY).write_bytes(b"saved")
-    session = load(256)
+    session = load(512)
     assert session.compiled and session.target.compile_missing is False
     assert not load(64).compiled
     assert load(None).target.compile_missing is True  # bench, tune, serve: compile what is missing
