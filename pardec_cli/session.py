@@ -231,11 +231,17 @@ class Session:
             use_compile_cache()
         from pardec_cli.quant import weights_label
 
-        return cls(
+        session = cls(
             model, tokenizer, model_name=resolved.name, dtype=dtype, device=device, offline=offline,
             model_source=resolved.source, model_path=resolved.path, model_repo=resolved.repo,
             compiled=compiled, compile_missing=compile_missing, notice=notice, weights=weights_label(model),
         )
+        if compiled:
+            # Load (or compile) the steps now, while the model loads: otherwise the first
+            # generation's first steps would pay for it, and the rates that auto's arms and
+            # learning from use measure would count it as decoding.
+            session.target.warm()
+        return session
 
     @property
     def compiled(self) -> bool:

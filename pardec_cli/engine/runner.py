@@ -238,7 +238,8 @@ class CompiledLanguageModel(LanguageModel):
                 loaded.disable_guard_check()
                 return GraphState(compiled=loaded, origin="loaded", unchecked=True)
             except Exception as exc:  # another torch, a truncated file: compile it again
-                self._on_notice(f"the saved {kind} step could not be loaded ({_first_line(exc)}); compiling it again")
+                then = "compiling it again" if self.compile_missing else "running it eagerly"
+                self._on_notice(f"the saved {kind} step could not be loaded ({_first_line(exc)}); {then}")
         if not self.compile_missing:
             return GraphState(failed="not saved (runs eagerly)")
         self._on_notice(f"compiling the {kind} step (once per model; saved for later runs)")
