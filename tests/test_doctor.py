@@ -113,7 +113,7 @@ def test_doctor_for_a_model_that_is_not_here_still_measures_the_bandwidth(bandwi
 
 def test_doctor_says_which_compiled_steps_are_saved(tiny_cli_model, isolated_home):
     before = invoke(["doctor", "-m", str(tiny_cli_model), "--no-measure"])
-    assert "  saved steps   none yet: the first compiled run" in before.stdout
+    assert "  saved steps   none yet: the first compiled run (bench, tune, serve" in before.stdout
     steps = isolated_home / "compiled" / "steps"
     steps.mkdir(parents=True)
     (steps / "decode-0123456789abcdef.pt2").write_bytes(b"x" * 2048)

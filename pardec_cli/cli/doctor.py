@@ -135,7 +135,7 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
         saved = (f"{len(steps)} in {compiled['steps_dir']} ({kinds}; "
                  f"{sum(step['bytes'] for step in steps) / 2**20:.0f} MiB): later runs load them in seconds")
     else:
-        saved = "none yet: the first compiled run (bench, tune, serve, chat or gen --compile on) saves them"
+        saved = "none yet: the first compiled run (bench, tune, serve, or gen/chat --compile on) saves them"
     return [
         "", "compiled runner (--compile)",
         f"  compiler      {compiled['cxx_compiler'] or 'no C++ compiler found: CPU steps run eagerly (install g++)'}",
