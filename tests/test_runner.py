@@ -371,11 +371,13 @@ def test_a_loaded_step_is_trusted_to_rounding_not_to_another_model():
     assert not _close(logits[:, :2], logits)
 
 
-def test_the_fingerprint_names_architecture_dtype_and_weight_layout_not_weights():
+def test_the_fingerprint_names_architecture_dtype_and_weight_layout_not_weights(monkeypatch):
     base = step_fingerprint(tiny_llama(0))
     assert step_fingerprint(tiny_llama(5)) == base
     assert step_fingerprint(tiny_llama(0).to(torch.bfloat16)) != base
     assert step_fingerprint(tiny_llama(0, layers=3)) != base
+    monkeypatch.setattr("transformers.__version__", "99.0")  # other modeling code was traced
+    assert step_fingerprint(tiny_llama(0)) != base
 
 
 def test_without_compile_missing_only_saved_steps_run_compiled(tmp_path):

@@ -84,12 +84,18 @@ def runner_attention(model: Any) -> str:
 def step_fingerprint(model: Any) -> str:
     """What a saved step depends on: the architecture (config without its attention
     choice), the attention the runner uses, dtype, device type, the weight layout (module
-    classes and their quantization groups) and torch's version. Not the weights: they are
-    inputs of the graph."""
+    classes and their quantization groups) and the versions of torch, transformers and
+    pardec. Not the weights: they are inputs of the graph."""
     config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k not in ("transformers_version", "name_or_path")}
     first = next(model.parameters())
     layout = sorted({f"{type(m).__module__}.{type(m).__qualname__}:{getattr(m, 'group_size', '')}" for m in model.modules()})
-    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, torch.__version__]
+    # The graph also bakes in the modeling code it traced: transformers' and pardec's.
+    import transformers
+
+    from pardec_cli import __version__
+
+    versions = [torch.__version__, transformers.__version__, __version__]
+    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions]
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
