@@ -274,6 +274,8 @@ def _bar_class(label: str, show: bool, display: Any = None, overall: Any = None)
     if display is not None and display.enabled:
 
         class DisplayBar(tqdm):  # type: ignore[misc]
+            monitor_interval = 0  # no monitor thread: one would start per class, i.e. per file
+
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 total, initial = kwargs.get("total"), kwargs.get("initial") or 0
                 super().__init__(disable=True)
@@ -296,6 +298,8 @@ def _bar_class(label: str, show: bool, display: Any = None, overall: Any = None)
         return DisplayBar
 
     class FileBar(tqdm):  # type: ignore[misc]
+        monitor_interval = 0  # no monitor thread: one would start per class, i.e. per file
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.pop("name", None)
             kwargs["desc"] = label
