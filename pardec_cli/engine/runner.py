@@ -174,8 +174,6 @@ class GraphState:
     origin: str = "compiled"
     #: a loaded step's first output is compared with the eager step's before it is trusted
     unchecked: bool = False
-    #: torch.compile compiles on first call (needs dynamic-dimension marks every call)
-    lazy: bool = False
 
 
 class CompiledLanguageModel(LanguageModel):
@@ -235,7 +233,8 @@ class CompiledLanguageModel(LanguageModel):
         """The graph for a kind of step: loaded from `step_dir`, precompiled now (and
         saved), or (CUDA, injected compilers) a torch.compile wrapper compiling on first call."""
         if not self._precompile:
-            return GraphState(compiled=self._compile_fn(_forward, **compile_options(self.device.type)), lazy=True)
+            self._on_notice(f"compiling the {kind} step (once per model; cached on disk)")
+            return GraphState(compiled=self._compile_fn(_forward, **compile_options(self.device.type)))
         path = step_file(self.step_dir, self.model, kind, hidden) if self.step_dir is not None else None
         if path is not None and path.is_file():
             try:
@@ -316,11 +315,10 @@ class CompiledLanguageModel(LanguageModel):
         _, input_ids, positions, mask, cache, _ = args
         state = self._graphs.get((kind, hidden))
         began = perf_counter()
-        if state is None or state.lazy:
+        # torch.compile (not precompiled) reads the dynamic-dimension marks on every call.
+        if state is None or not self._precompile:
             self._mark_dynamic(kind, input_ids, positions, mask, cache)
         if state is None:
-            if not self._precompile:
-                self._on_notice(f"compiling the {kind} step (once per model; cached on disk)")
             try:
                 state = self._graphs[(kind, hidden)] = self._build(kind, hidden, args)
             except Exception as exc:  # a compiler error must not end the generation
