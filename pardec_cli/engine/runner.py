@@ -50,6 +50,10 @@ MAX_COMPILED_ROWS = 64
 DECODE, VERIFY = "decode", "verify"
 #: Bumped when the graphs' inputs or outputs change: older saved steps are then ignored.
 STEP_FORMAT = 2
+#: Inductor options of the precompiled (CPU) steps. No runtime size, stride or alignment
+#: asserts: the runner alone builds the inputs, a loaded step is checked against the
+#: eager one, and the ~970 asserts per one-token step cost Python time on every step.
+PRECOMPILE_OPTIONS: dict[str, Any] = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
 #: Attention reads the filled rows rounded up to this many (CPU; CUDA graphs read the
 #: whole buffer: one recorded graph, not one per width).
 WINDOW_ROWS = 64
@@ -84,8 +88,8 @@ def runner_attention(model: Any) -> str:
 def step_fingerprint(model: Any) -> str:
     """What a saved step depends on: the architecture (config without its attention
     choice), the attention the runner uses, dtype, device type, the weight layout (module
-    classes and their quantization groups) and the versions of torch, transformers and
-    pardec. Not the weights: they are inputs of the graph."""
+    classes and their quantization groups), the versions of torch, transformers and
+    pardec, and the compile options. Not the weights: they are inputs of the graph."""
     config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k not in ("transformers_version", "name_or_path")}
     first = next(model.parameters())
     layout = sorted({f"{type(m).__module__}.{type(m).__qualname__}:{getattr(m, 'group_size', '')}" for m in model.modules()})
@@ -95,7 +99,7 @@ def step_fingerprint(model: Any) -> str:
     from pardec_cli import __version__
 
     versions = [torch.__version__, transformers.__version__, __version__]
-    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions]
+    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS]
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -255,7 +259,7 @@ class CompiledLanguageModel(LanguageModel):
         from torch.fx.experimental import _config as shapes_config
 
         with shapes_config.patch(use_duck_shape=False):
-            compiled = torch.compile(_forward, fullgraph=True, options={"guard_filter_fn": _input_guards}).aot_compile((args, {}))
+            compiled = torch.compile(_forward, fullgraph=True, options={"guard_filter_fn": _input_guards, **PRECOMPILE_OPTIONS}).aot_compile((args, {}))
         compiled.disable_guard_check()
         if path is not None:
             try:
