@@ -38,25 +38,25 @@ def drive(policy: SwitchPolicy, steps: int, cost) -> list[int]:
     return ran
 
 
-def test_the_incumbent_runs_first_then_every_other_arm_is_measured_briefly():
+def test_every_arm_is_measured_briefly_the_incumbent_first_then_the_fastest_dwells():
     policy = SwitchPolicy(3, dwell=4, probe=2, reprobe=100, margin=0.05)
-    ran = drive(policy, 8, lambda arm, step: (2, 1.0))
-    assert ran == [0, 0, 0, 0, 1, 1, 2, 2]
+    ran = drive(policy, 10, lambda arm, step: (2, 1.0))
+    assert ran == [0, 0, 1, 1, 2, 2, 0, 0, 0, 0]
 
 
 def test_a_slow_arm_loses_to_a_faster_one_and_the_winner_keeps_running():
     policy = SwitchPolicy(2, dwell=4, probe=2, reprobe=100, margin=0.05)
     # Arm 0 emits 3 tokens per step but a step costs 1 s: 3 tok/s against arm 1's 10 tok/s.
     ran = drive(policy, 30, lambda arm, step: (3, 1.0) if arm == 0 else (1, 0.1))
-    assert ran[:6] == [0, 0, 0, 0, 1, 1]
-    assert set(ran[6:]) == {1}, "10 tok/s beats 3 tok/s: arm 1 takes over"
+    assert ran[:4] == [0, 0, 1, 1]
+    assert set(ran[4:]) == {1}, "10 tok/s beats 3 tok/s: arm 1 takes over"
     assert policy.incumbent == 1
 
 
 def test_an_arm_within_the_margin_does_not_take_over():
     policy = SwitchPolicy(2, dwell=4, probe=2, reprobe=100, margin=0.10)
     ran = drive(policy, 30, lambda arm, step: (2, 1.0) if arm == 0 else (2, 0.95))  # 5% faster: noise
-    assert ran[6:] == [0] * 24
+    assert ran[4:] == [0] * 26
 
 
 def test_a_dropped_arm_is_measured_again_and_wins_when_the_text_changes():
@@ -68,9 +68,33 @@ def test_a_dropped_arm_is_measured_again_and_wins_when_the_text_changes():
         return (1, 0.3) if step < 20 else (5, 0.12)
 
     ran = drive(policy, 60, cost)
-    assert ran[6:14] == [1] * 8, "plain decoding takes over early"
-    assert 0 in ran[14:20], "speculation is measured again"
+    assert ran[4:12] == [1] * 8, "plain decoding takes over early"
+    assert 0 in ran[12:18], "speculation is measured again"
     assert policy.incumbent == 0 and ran[40:].count(0) > 3 * ran[40:].count(1), "and wins back"
+
+
+def test_a_dry_run_arm_wins_back_as_soon_as_its_would_be_drafts_pay_without_being_probed():
+    # Both arms can be dry-run: while arm 1 runs, arm 0's drafts are scored against the
+    # tokens that followed (here: 1 token per step on prose, 5 once the text turns to copying).
+    policy = SwitchPolicy(2, dwell=4, probe=2, reprobe=10, margin=0.05, dry=[True, True])
+    ran = []
+    for step in range(60):
+        arm = policy.next_arm()
+        drafted = 1 if step < 20 else 5
+        policy.observe(arm, drafted if arm == 0 else 1, 0.2 if arm == 0 else 0.1)
+        policy.observe_dry(1 - arm, drafted if arm == 1 else 1)
+        ran.append(arm)
+    assert ran[:4] == [0, 0, 1, 1]
+    assert ran[4:20] == [1] * 16, "no re-probe of speculation while its dry runs say it does not pay"
+    assert ran[24:30] == [0] * 6, "it takes over at the first decision after the text turns (no probe needed)"
+    assert policy.incumbent == 0
+
+
+def test_a_dry_run_arm_is_still_timed_again_now_and_then():
+    policy = SwitchPolicy(2, dwell=4, probe=2, reprobe=5, margin=0.05, dry=[True, True])
+    ran = drive(policy, 80, lambda arm, step: (1, 0.3) if arm == 0 else (1, 0.1))
+    assert 0 in ran[6 : 6 + 4 * 5 + 8], "its cost is re-measured, 4x less often than a re-probe"
+    assert ran[6:20].count(0) == 0
 
 
 def test_bad_policy_settings_are_usage_errors():
@@ -159,9 +183,9 @@ def test_a_slow_arm_is_dropped_for_plain_decoding():
     )
     assert tokens == hf_greedy(target, prompt, 60)
     arms = [e.arm for e in events[1:]]
-    assert arms[:4] == ["pld[num_draft=8]"] * 4 and arms[4] == "vanilla"
-    assert set(arms[4:]) == {"vanilla"} and stats.switches == 1
-    assert stats.arms["vanilla"].steps == len(arms) - 4
+    assert arms[:2] == ["pld[num_draft=8]"] * 2 and arms[2] == "vanilla"
+    assert set(arms[2:]) == {"vanilla"} and stats.switches == 1
+    assert stats.arms["vanilla"].steps == len(arms) - 2
 
 
 def test_a_fast_arm_is_kept():
@@ -171,6 +195,21 @@ def test_a_fast_arm_is_kept():
                                     max_new_tokens=60, dwell=4, probe=2, reprobe=1000)
     assert stats.arms["vanilla"].steps == 2, "measured once, then dropped: never more per step than pld at the same cost"
     assert stats.switches == 2
+
+
+def test_an_idle_arm_that_can_be_dry_run_is_scored_while_plain_decoding_runs():
+    target = peaked(tiny_llama(3))
+    prompt = random_prompt(3)
+    env = make_env(target)
+    proposer = registry.create("adaptive", {"arms": "pld[num_draft=8] | vanilla", "dwell": 4, "probe": 2, "reprobe": 1000}, env)
+    proposer.clock = clock = ArmClock(lambda label, i, step: 2.0 if label != "vanilla" else 0.1)
+    clock.proposer = proposer
+    events = list(decode(env.target, proposer, prompt, max_new_tokens=60))
+    assert [t for e in events for t in e.tokens] == hf_greedy(target, prompt, 60)
+    pld = proposer.policy.stats[0]
+    assert pld.steps == 2 and pld.dry_runs > 20, "scored on dry runs every other step while idle"
+    # What pld would have kept on this looping text: more than the target's own token per step.
+    assert pld.tokens / pld.samples > 1.5
 
 
 def test_arms_must_be_two_and_not_adaptive_themselves():

@@ -12,7 +12,7 @@ from pardec_cli.engine.cache import cache_length, keep_path, rollback_to
 from pardec_cli.engine.model import LanguageModel
 from pardec_cli.engine.proposal import Draft
 from pardec_cli.engine.sampling import sample_from
-from pardec_cli.engine.tree import ROOT, TreeBuilder, ancestor_matrix, children_by_row, depths, tree_attention
+from pardec_cli.engine.tree import ROOT, TreeBuilder, ancestor_matrix, children_by_row, depths, kept_along, tree_attention
 from pardec_cli.engine.verify import LazyRows, Verdict, verify_greedy, verify_sampling
 from pardec_cli.errors import CacheRollbackError
 from tests.stats_helpers import chi_square_p_value
@@ -36,6 +36,29 @@ def test_ancestors_depths_and_children():
     assert depths(PARENTS) == [len(PATHS[i]) for i in range(len(TOKENS))]
     assert children_by_row(PARENTS, len(TOKENS)) == [[0, 3], [1, 5], [2], [], [4, 7], [], [6], [], []]
     assert children_by_row(None, 3) == [[0], [1], [2], []]
+
+
+@pytest.mark.parametrize(
+    ("following", "kept"),
+    [
+        ((10, 40, 41, 7), 3),  # the deepest path of the second branch under 10
+        ((10, 20, 30, 7), 3),  # a whole branch, then past the tree's depth
+        ((11, 13), 2),
+        ((11, 99, 1), 1),  # off the tree after one node
+        ((12,), 0),  # no child of the root holds it
+        ((10, 40), None),  # 41 might follow: undecided yet
+        ((), None),
+    ],
+)
+def test_kept_along_walks_the_tree_as_greedy_verification_would(following, kept):
+    assert kept_along(Draft.tree(TOKENS, PARENTS), following) == kept
+
+
+def test_kept_along_a_chain_and_an_empty_draft():
+    assert kept_along(Draft((4, 5, 6)), (4, 5, 9)) == 2
+    assert kept_along(Draft((4, 5, 6)), (4, 5, 6)) == 3
+    assert kept_along(Draft((4, 5, 6)), (4,)) is None
+    assert kept_along(Draft(), ()) == 0
 
 
 def test_mask_and_positions_layout():

@@ -148,6 +148,11 @@ class Proposer(Protocol):
     #: False only for methods that never draft (vanilla): they run on caches that
     #: cannot be rolled back.
     needs_rollback: bool
+    #: True when `propose` is cheap (no model forward) and may be called without its draft
+    #: being verified: the next `update` (with `EMPTY_DRAFT`) finds the proposer consistent.
+    #: `methods.adaptive` then scores an idle arm's would-be drafts against the tokens that
+    #: followed, instead of running it to see whether it pays.
+    dry_runs: bool
 
     def needs(self) -> Needs:
         """What the loop must compute for this proposer (`NO_NEEDS`: nothing)."""

@@ -35,6 +35,22 @@ def children_by_row(parents: Sequence[int] | None, n: int) -> list[list[int]]:
     return children
 
 
+def kept_along(draft: Draft, following: Sequence[int]) -> int | None:
+    """How many nodes of `draft` greedy verification keeps when the target's tokens are
+    `following` (what came after the root, in order); None while `following` is too
+    short to tell. The walk of `engine.verify.verify_greedy`, with the tokens known."""
+    children = children_by_row(draft.parents, len(draft.tokens))
+    row = kept = 0
+    while children[row]:
+        if kept >= len(following):
+            return None
+        row = next((child + 1 for child in children[row] if draft.tokens[child] == following[kept]), -1)
+        if row < 0:
+            return kept
+        kept += 1
+    return kept
+
+
 def depths(parents: Sequence[int]) -> list[int]:
     """depth of each node: 1 for a child of the root."""
     out: list[int] = []

@@ -6,12 +6,15 @@ choice at its size and at half of it, plus plain decoding); each step one arm dr
 the loop verifies as always, so the output is what any arm alone gives: greedy stays
 token-for-token exact, sampling keeps the target's distribution. Only the speed changes.
 
-The policy (`SwitchPolicy`, see docs/adaptive.md): per arm, a discounted ratio of tokens
-emitted to seconds spent (the step's drafting, target forward, verification and update,
-timed between `propose` and the end of `update`). The incumbent (first: auto's choice)
-runs `dwell` steps; an arm never measured, or idle for `reprobe` steps, then gets a short
-`probe`; after each run the fastest measured arm becomes the incumbent if it beats the
-current one by more than `margin` (hysteresis: measurement noise does not flip-flop).
+The policy (`SwitchPolicy`, see docs/adaptive.md): per arm, discounted tokens per step
+over discounted seconds per step (the step's drafting, target forward, verification and
+update, timed between `propose` and the end of `update`). Every arm first runs a short
+`probe`, the incumbent (auto's choice) first; after each run the fastest measured arm
+becomes the incumbent if it beats the current one by more than `margin` (hysteresis:
+measurement noise does not flip-flop) and runs `dwell` steps; an arm idle for `reprobe`
+steps is probed again. An idle arm that can be dry-run (`Proposer.dry_runs`) drafts
+every `DRY_EVERY` steps unverified; the tokens that follow score that draft, so its
+tokens per step stay current without running it, and it is re-timed only rarely.
 
 Arms that are not drafting stay consistent: every arm's `update` is called every step,
 the idle ones with `EMPTY_DRAFT` and the step's shared facts (the new context, the
@@ -28,6 +31,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, Proposer, StartContext
+from pardec_cli.engine.tree import kept_along
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods.base import ProposerBase
 
@@ -45,30 +49,50 @@ STALE = 0.25
 SIZES = (1.0, 0.5)
 
 
+# An arm that can be dry-run (`Proposer.dry_runs`) drafts, unverified, every this many
+# steps while idle: its would-be tokens per step stay current for a few hundred
+# microseconds of drafting, so it needs no re-probe to be found again.
+DRY_EVERY = 2
+# A dry-run arm's cost (seconds per step) is re-measured this many times less often than
+# an idle arm that cannot be dry-run is re-probed: costs change slowly, texts quickly.
+DRY_REPROBE_FACTOR = 4
+
+
 @dataclass
 class ArmStats:
-    """One arm's running estimate: discounted sums of tokens emitted and seconds spent."""
+    """One arm's running estimate: tokens per step (from its steps and, when it can be
+    dry-run, from drafts scored while idle) and seconds per step (from its steps)."""
 
-    tokens: float = 0.0
-    seconds: float = 0.0
+    tokens: float = 0.0  # discounted sum of tokens per step
+    samples: float = 0.0  # their discounted count
+    seconds: float = 0.0  # discounted sum of seconds per step it ran
+    timed: float = 0.0  # their discounted count
     steps: int = 0  # steps it ran in this generation
+    dry_runs: int = 0  # its drafts scored while idle, in this generation
     last_step: int = -1  # the policy step it last ran
 
     @property
     def rate(self) -> float:
         """Estimated tokens per second (0 until measured)."""
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        if self.samples <= 0 or self.timed <= 0 or self.seconds <= 0:
+            return 0.0
+        return (self.tokens / self.samples) / (self.seconds / self.timed)
 
 
 class SwitchPolicy:
     """Which arm drafts the next step. Pure: observations in, arm indices out (no clock)."""
 
-    def __init__(self, arms: int, *, dwell: int, probe: int, reprobe: int, margin: float, decay: float = DECAY) -> None:
+    def __init__(
+        self, arms: int, *, dwell: int, probe: int, reprobe: int, margin: float, decay: float = DECAY,
+        dry: Sequence[bool] = (),
+    ) -> None:
         if arms < 1 or dwell < 1 or probe < 1 or reprobe < 1 or margin < 0:
             raise PardecUsageError(
                 f"adaptive needs dwell, probe and reprobe >= 1 and margin >= 0, got {dwell}, {probe}, {reprobe}, {margin}"
             )
         self.size, self.dwell, self.probe, self.reprobe, self.margin, self.decay = arms, dwell, probe, reprobe, margin, decay
+        # Arms whose tokens per step are also observed while idle (dry runs): re-probed rarely.
+        self.dry = tuple(dry) or (False,) * arms
         self.reset()
 
     def reset(self) -> None:
@@ -89,24 +113,42 @@ class SwitchPolicy:
 
     def observe(self, arm: int, tokens: int, seconds: float) -> None:
         """A step of `arm` emitted `tokens` tokens in `seconds`."""
+        self._observe_tokens(arm, tokens)
+        s = self.stats[arm]
+        s.seconds = s.seconds * self.decay + max(seconds, 1e-9)
+        s.timed = s.timed * self.decay + 1
+        s.steps += 1
+
+    def observe_dry(self, arm: int, tokens: int) -> None:
+        """Idle `arm`'s draft would have emitted `tokens` tokens (a dry run, scored)."""
+        self._observe_tokens(arm, tokens)
+        self.stats[arm].dry_runs += 1
+
+    def _observe_tokens(self, arm: int, tokens: int) -> None:
         s = self.stats[arm]
         s.tokens = s.tokens * self.decay + tokens
-        s.seconds = s.seconds * self.decay + max(seconds, 1e-9)
-        s.steps += 1
+        s.samples = s.samples * self.decay + 1
 
     def _decide(self) -> tuple[int, int]:
         """(arm, steps to run it) at the end of a run."""
         for i, s in enumerate(self.stats):
-            if s.steps == 0:  # measure every arm once, the incumbent first
-                return i, self.dwell if i == self.incumbent else self.probe
+            if s.steps == 0:  # measure every arm briefly, the incumbent first
+                return i, self.probe
         best = max(range(self.size), key=lambda i: self.stats[i].rate)
         if self.stats[best].rate > self.stats[self.incumbent].rate * (1 + self.margin):
             self.incumbent = best
-        idle = [i for i in range(self.size) if i != self.incumbent and self.step - self.stats[i].last_step > self.reprobe]
-        if idle:  # the text may have changed since it lost: look again, briefly
+        idle = [
+            i for i in range(self.size)
+            if i != self.incumbent and self.step - self.stats[i].last_step > self.reprobe * (DRY_REPROBE_FACTOR if self.dry[i] else 1)
+        ]
+        if idle:  # the text (or, for a dry-run arm, the machine) may have changed since it lost
             arm = min(idle, key=lambda i: self.stats[i].last_step)
-            self.stats[arm].tokens *= STALE
-            self.stats[arm].seconds *= STALE
+            s = self.stats[arm]
+            if not self.dry[arm]:  # its tokens per step are stale too
+                s.tokens *= STALE
+                s.samples *= STALE
+            s.seconds *= STALE
+            s.timed *= STALE
             return arm, self.probe
         return self.incumbent, self.dwell
 
@@ -138,10 +180,15 @@ class Adaptive(ProposerBase):
             raise PardecUsageError("the arms of adaptive must read the same hidden states of the target")
         self._needs = Needs.union(self._arm_needs)
         self.needs_rollback = any(arm.needs_rollback for arm in self.arms)
-        self.policy = SwitchPolicy(len(self.arms), dwell=dwell, probe=probe, reprobe=reprobe, margin=margin)
+        self._dry = [i for i, arm in enumerate(self.arms) if arm.dry_runs]
+        self.policy = SwitchPolicy(
+            len(self.arms), dwell=dwell, probe=probe, reprobe=reprobe, margin=margin,
+            dry=[arm.dry_runs for arm in self.arms],
+        )
         self.clock = clock  # injectable: tests drive the policy with a fake clock
         self._active = 0
         self._started = 0.0
+        self._pending: list[tuple[int, int, Draft]] = []  # dry runs to score: (arm, context length, draft)
 
     @property
     def active(self) -> str:
@@ -153,6 +200,7 @@ class Adaptive(ProposerBase):
 
     def start(self, ctx: StartContext) -> None:
         self.policy.reset()
+        self._pending = []
         for arm in self.arms:
             arm.start(ctx)
 
@@ -164,7 +212,19 @@ class Adaptive(ProposerBase):
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         self._active = self.policy.next_arm()
         self._started = self.clock()
+        if self.policy.step % DRY_EVERY == 0:
+            for i in self._dry:
+                if i != self._active:
+                    self._dry_run(i, context, max_tokens)
         return replace(self.arms[self._active].propose(context, max_tokens), arm=self.labels[self._active])
+
+    def _dry_run(self, arm: int, context: Sequence[int], max_tokens: int) -> None:
+        """Draft with an idle arm without verifying: scored once the tokens that follow are known."""
+        draft = self.arms[arm].propose(context, max_tokens)
+        if draft.tokens:
+            self._pending.append((arm, len(context), draft))
+        else:  # nothing to draft: it would have emitted the target's token alone
+            self.policy.observe_dry(arm, 1)
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         # What every idle arm learns: nothing of its own was drafted, the context moved on.
@@ -175,6 +235,15 @@ class Adaptive(ProposerBase):
         for i, (arm, needs) in enumerate(zip(self.arms, self._arm_needs)):
             own = outcome if i == self._active else idle
             arm.update(context, draft if i == self._active else EMPTY_DRAFT, _narrowed(own, needs))
+        # The dry runs whose fate the new tokens decide: what greedy verification would have kept.
+        waiting = []
+        for index, start, dry in self._pending:
+            kept = kept_along(dry, context[start:])
+            if kept is None:
+                waiting.append((index, start, dry))
+            else:
+                self.policy.observe_dry(index, kept + 1)
+        self._pending = waiting
         # The step's cost: this proposer's propose, the target's forward and verification, every arm's update.
         self.policy.observe(self._active, outcome.accepted + 1, self.clock() - self._started)
 

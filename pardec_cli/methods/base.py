@@ -34,9 +34,11 @@ class MethodEnv:
 class ProposerBase:
     """Defaults of the proposer contract (`engine.proposal.Proposer`): a method drafts, so
     it needs a cache that can be rolled back; it asks the loop for nothing more than the
-    verdict; it ignores the prompt's hidden states. Methods override what they need."""
+    verdict; it ignores the prompt's hidden states; its drafts cannot be tried without
+    verifying them. Methods override what they need."""
 
     needs_rollback = True
+    dry_runs = False
 
     def needs(self) -> Needs:
         return NO_NEEDS

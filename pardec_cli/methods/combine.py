@@ -32,6 +32,7 @@ class Combined(ProposerBase):
             raise PardecUsageError(f"a combined method needs at least two parts, got {name!r}")
         self.name = name
         self.parts = list(parts)
+        self.dry_runs = all(part.dry_runs for part in self.parts)
         self._needs = Needs.union([part.needs() for part in self.parts])
         self._drafts: list[Draft] = []
         self._node_ids: list[list[int | None]] = []  # per part: its node i -> merged node id

@@ -112,6 +112,7 @@ class PromptLookup(ProposerBase):
     """Chain drafts copied from the context; no model, no extra memory beyond an index."""
 
     name = "pld"
+    dry_runs = True  # an n-gram lookup; the index catches up at the next propose
 
     def __init__(
         self, env: MethodEnv, *, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = PREFER_FIRST,

@@ -60,6 +60,7 @@ class TokenRecycling(ProposerBase):
     """Tree drafts read from an adjacency table of the target's recent top-k predictions."""
 
     name = "recycling"
+    dry_runs = True  # reads its table; learns only from the step's inputs
 
     def __init__(self, env: MethodEnv, *, topk: int, nodes: int, depth: int) -> None:
         if topk < 1 or nodes < 1 or depth < 1:

@@ -137,6 +137,7 @@ class SuffixDrafting(ProposerBase):
     """Tree drafts: the most frequent continuations of the context's longest earlier match."""
 
     name = "suffix"
+    dry_runs = True  # trie walks; the tries catch up at the next propose
 
     def __init__(
         self, env: MethodEnv, *, depth: int, max_match: int, factor: float, max_nodes: int, min_prob: float,

@@ -14,6 +14,7 @@ class Vanilla(ProposerBase):
 
     name = "vanilla"
     needs_rollback = False
+    dry_runs = True  # it drafts nothing
 
     def __init__(self, env: MethodEnv) -> None:
         del env
