@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.quant import Int4Linear, Int8Linear, quantize_linears, resolve_weights, weights_label
+from pardec_cli.quant import DENSE_FROM_ROWS, Int4Linear, Int8Linear, cpu_pack_block, quantize_linears, resolve_weights, weights_label
 from tests.cli_helpers import invoke
 from tests.test_exactness import random_prompt, run
 from tests.tiny_models import peaked, tiny_llama
@@ -51,6 +51,40 @@ def test_a_quantized_linear_multiplies_by_its_dequantized_weight(make, dtype) ->
     error = (layer.dequantize() - given).abs().max().item()
     step = given.abs().max().item() * (1 / 127 if make == Int8Linear.from_weight else 2 / 15)
     assert error <= step * (0.51 if dtype == torch.float32 else 0.8)
+
+
+def test_the_cpu_int4_layout_is_found_and_unpacks_to_exactly_the_kernel_s_weight() -> None:
+    assert cpu_pack_block() is not None, "torch's CPU int4 packing changed layout: prefills lose the dense path"
+    torch.manual_seed(0)
+    layer = Int4Linear.from_weight(torch.randn(256, 96), group_size=32)
+    assert torch.allclose(layer.unpacked(), layer.dequantize(), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("make", [Int8Linear.from_weight, Int4Linear.from_weight], ids=["int8", "int4"])
+def test_a_long_prefill_runs_a_dense_gemm_on_the_same_weight(make, dtype) -> None:
+    # From DENSE_FROM_ROWS rows the packed kernel is skipped (slow at many rows); fewer
+    # rows, as in every decoding and verifying step, keep it. Same weight either way.
+    torch.manual_seed(0)
+    layer = make(torch.randn(128, 96).to(dtype), None)
+    x = torch.randn(DENSE_FROM_ROWS, 96).to(dtype)
+    reference = x.float() @ layer.dequantize().t()
+    tolerance = 1e-5 if dtype == torch.float32 else 0.02
+    scale = reference.abs().max().item()
+    assert (layer(x).float() - reference).abs().max().item() < tolerance * scale
+    assert (layer(x[:64]).float() - reference[:64]).abs().max().item() < tolerance * scale
+
+
+def test_a_long_int4_prefill_does_not_call_the_packed_kernel(monkeypatch) -> None:
+    layer = Int4Linear.from_weight(torch.randn(128, 96), group_size=32)
+
+    def packed_kernel(x2d):
+        raise AssertionError(f"the int4 kernel ran on {x2d.shape[0]} rows")
+
+    monkeypatch.setattr(layer, "_matmul", packed_kernel)
+    assert layer(torch.randn(DENSE_FROM_ROWS, 96)).shape == (DENSE_FROM_ROWS, 128)
+    with pytest.raises(AssertionError, match="64 rows"):
+        layer(torch.randn(64, 96))
 
 
 def test_int4_from_codes_follows_gguf_q4_1_arithmetic() -> None:
