@@ -42,7 +42,7 @@ import torch
 from pardec_cli.engine.model import TREE_ATTENTION, LanguageModel
 from pardec_cli.engine.static_cache import StaticKVCache, capacity_for
 from pardec_cli.engine.tree import ancestor_matrix, depths
-from pardec_cli.errors import PardecUsageError
+from pardec_cli.errors import PardecUsageError, first_line
 
 #: Steps with more rows than this (prefills, huge trees) run eagerly.
 MAX_COMPILED_ROWS = 64
@@ -248,7 +248,7 @@ class CompiledLanguageModel(LanguageModel):
                 return GraphState(compiled=loaded, origin="loaded", unchecked=True)
             except Exception as exc:  # another torch, a truncated file: compile it again
                 then = "compiling it again" if self.compile_missing else "running it eagerly"
-                self._on_notice(f"the saved {kind} step could not be loaded ({_first_line(exc)}); {then}")
+                self._on_notice(f"the saved {kind} step could not be loaded ({first_line(exc, typed=True)}); {then}")
         if not self.compile_missing:
             return GraphState(failed="not saved (runs eagerly)")
         self._on_notice(f"compiling the {kind} step (once per model; saved for later runs)")
@@ -266,12 +266,12 @@ class CompiledLanguageModel(LanguageModel):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 compiled.save_compiled_function(str(path), external_data={"model": self.model})
             except Exception as exc:  # a full disk must not end the generation
-                self._on_notice(f"could not save the compiled {kind} step ({_first_line(exc)}); it is compiled again next time")
+                self._on_notice(f"could not save the compiled {kind} step ({first_line(exc, typed=True)}); it is compiled again next time")
         return GraphState(compiled=compiled)
 
     def _drop(self, kind: str, hidden: bool, exc: BaseException) -> None:
         state = self._graphs[(kind, hidden)]
-        state.compiled, state.failed = None, _first_line(exc)
+        state.compiled, state.failed = None, first_line(exc, typed=True)
         self._on_notice(f"compiling the {kind} step failed ({state.failed}); running it eagerly")
 
     def warm(self, *, hidden_layers: bool = False) -> None:
@@ -356,7 +356,7 @@ class CompiledLanguageModel(LanguageModel):
         try:
             out = state.compiled(*args)
         except Exception as exc:
-            out, reason = None, _first_line(exc)
+            out, reason = None, first_line(exc, typed=True)
         seconds = perf_counter() - began
         expected = self._eager(input_ids, positions, mask, cache, hidden, False)
         if out is not None and _close(out[0], expected[0]):
@@ -390,10 +390,6 @@ class CompiledLanguageModel(LanguageModel):
             mark(layer.keys, 2)
             mark(layer.values, 2)
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pardec_cli.errors import ModelLoadError
+from pardec_cli.errors import ModelLoadError, first_line
 
 
 def read_config(folder: Path, what: str) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def load_tensors(file: Path, what: str) -> dict[str, torch.Tensor]:
             return dict(load_file(str(file), device="cpu"))
         loaded = torch.load(str(file), map_location="cpu", weights_only=True)
     except Exception as exc:  # unpickling refused, truncated file, bad header...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise ModelLoadError(f"{what}: cannot load {file}: {first}",
                              hint="pardec loads pickled heads only as plain tensors (weights_only=True)") from None
     if isinstance(loaded, Mapping) and isinstance(loaded.get("state_dict"), Mapping):

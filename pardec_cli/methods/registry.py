@@ -194,7 +194,7 @@ METHODS: dict[str, MethodSpec] = {
                              "at two sizes | vanilla)"),
                 MethodOption("dwell", int, 8, "steps the fastest arm runs between decisions"),
                 MethodOption("probe", int, 3, "steps another arm runs to be measured"),
-                MethodOption("reprobe", int, 40, "steps after which an idle arm is measured again"),
+                MethodOption("reprobe", int, 40, "steps after which an idle arm is measured again (4x for arms scored by dry runs)"),
                 MethodOption("margin", float, 0.05, "how much faster (a share) an arm must measure to take over"),
             ),
         ),

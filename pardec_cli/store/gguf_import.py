@@ -19,7 +19,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from pardec_cli.errors import ModelLoadError, ModelNotFoundError, PardecError
+from pardec_cli.errors import ModelLoadError, ModelNotFoundError, PardecError, first_line
 from pardec_cli.hardware import canonical_dtype
 from pardec_cli.home import models_dir
 from pardec_cli.store.layout import check_model_name, is_complete, staged_model_dir, write_marker
@@ -131,7 +131,7 @@ def _convert_keeping_blocks(gguf_path: Path, out_dir: Path, *, source_repo: str 
 
 def _conversion_error(exc: Exception, gguf_path: Path, architecture: str) -> ModelLoadError:
     """The one-line error for a GGUF file that transformers cannot read or convert."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = first_line(exc)
     if "architecture" in first.lower() or "not supported" in first.lower():
         return ModelLoadError(
             f"transformers cannot load GGUF architecture {architecture!r} ({gguf_path.name}): {first}",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pardec_cli.errors import ModelNotFoundError, PardecError
+from pardec_cli.errors import ModelNotFoundError, PardecError, first_line
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
@@ -394,10 +394,6 @@ def get_client() -> HubClient:
 # ------------------------------------------------------------------- errors
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
 
 def hub_error(exc: Exception, repo: str, revision: str | None = None) -> PardecError:
     """A one-line `PardecError` for a failure of a Hub call about `repo`."""
@@ -428,16 +424,16 @@ def hub_error(exc: Exception, repo: str, revision: str | None = None) -> PardecE
             hint="check the network connection (or a proxy), or pass a local model directory",
         )
     if isinstance(exc, errors.HfHubHTTPError):
-        return PardecError(f"downloading {repo} failed: {_first_line(exc)}")
+        return PardecError(f"downloading {repo} failed: {first_line(exc)}")
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return PardecError(
             f"the disk is full: downloading {repo} to {cache_root()} failed",
             hint="free some space, or point HF_HUB_CACHE at a bigger disk",
         )
     if isinstance(exc, OSError) and not type(exc).__module__.startswith(("httpx", "httpcore")):
-        return PardecError(f"downloading {repo} failed: {_first_line(exc)}")
+        return PardecError(f"downloading {repo} failed: {first_line(exc)}")
     return PardecError(  # httpx connection errors, timeouts and the like
-        f"downloading {repo} failed: {type(exc).__name__}: {_first_line(exc)}",
+        f"downloading {repo} failed: {first_line(exc, typed=True)}",
         hint=f"check the network connection to {endpoint()}, or pass a local model directory",
     )
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pardec_cli.errors import ModelLoadError
+from pardec_cli.errors import ModelLoadError, first_line
 from pardec_cli.hardware import canonical_dtype, torch_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -157,7 +157,7 @@ def _load_config(path: Path, model_type: str) -> Any:
         return AutoConfig.from_pretrained(str(path))
     except OSError as exc:
         _check_still_there(path)
-        raise ModelLoadError(f"cannot read {path / 'config.json'}: {_first_line(exc)}", hint=_REDO_HINT) from None
+        raise ModelLoadError(f"cannot read {path / 'config.json'}: {first_line(exc)}", hint=_REDO_HINT) from None
     except (ValueError, KeyError):
         raise ModelLoadError(
             f"transformers cannot load architecture {model_type!r} ({path / 'config.json'})",
@@ -165,10 +165,6 @@ def _load_config(path: Path, model_type: str) -> Any:
             "pardec never runs code shipped with a model",
         ) from None
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def load_model(
@@ -205,7 +201,7 @@ def load_model(
         except Exception as exc:
             _check_still_there(path)
             raise ModelLoadError(
-                f"cannot load the tokenizer in {path}: {_first_line(exc)}",
+                f"cannot load the tokenizer in {path}: {first_line(exc)}",
                 hint="a model directory needs its tokenizer files "
                 "(tokenizer.json or tokenizer.model)",
             ) from None
@@ -233,11 +229,11 @@ def load_model(
                     f"transformers cannot load architecture {model_type!r} "
                     "as a causal language model"
                 ) from None
-            raise ModelLoadError(f"cannot load the model in {path}: {_first_line(exc)}") from None
+            raise ModelLoadError(f"cannot load the model in {path}: {first_line(exc)}") from None
         except Exception as exc:  # OSError, safetensors' SafetensorError, ...
             _check_still_there(path)
             raise ModelLoadError(
-                f"cannot load the model in {path}: {_first_line(exc)}", hint=_REDO_HINT
+                f"cannot load the model in {path}: {first_line(exc)}", hint=_REDO_HINT
             ) from None
     check_loaded_weights(path, info)
     if not stored_blocks:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pardec_cli.errors import ModelLoadError, ModelNotFoundError, PardecError, PardecUsageError
+from pardec_cli.errors import ModelLoadError, ModelNotFoundError, PardecError, PardecUsageError, first_line
 from pardec_cli.store import hub, records
 from pardec_cli.store.catalog import Accelerator, CatalogEntry, entry_for_repo, lookup_alias
 from pardec_cli.store.records import COMPATIBLE, INCOMPATIBLE, UNCHECKED, PullRecord, RepoRecord
@@ -333,7 +333,7 @@ def check_drafter(target_dir: Path, drafter_dir: Path, target_tokenizer: Any = N
             target = target_tokenizer or AutoTokenizer.from_pretrained(str(target_dir))
             drafter = AutoTokenizer.from_pretrained(str(drafter_dir))
     except Exception as exc:  # a tokenizer that does not load cannot be compared
-        return UNCHECKED, f"cannot load a tokenizer: {hub._first_line(exc)}"
+        return UNCHECKED, f"cannot load a tokenizer: {first_line(exc)}"
     problem = tokenizer_mismatch(target, drafter)
     if problem:
         return INCOMPATIBLE, problem
