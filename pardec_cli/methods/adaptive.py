@@ -53,6 +53,10 @@ SIZES = (1.0, 0.5)
 # steps while idle: its would-be tokens per step stay current for a few hundred
 # microseconds of drafting, so it needs no re-probe to be found again.
 DRY_EVERY = 2
+# A step drafting more nodes than any step timed so far is guessed to cost this share of
+# the cheapest step timed per extra node (the compiled bf16 step on a 2-core CPU without AMX: 8 nodes
+# cost 1.9x one token; flatter on AMX and GPUs): an arm is then tried, and timed.
+UNTIMED_NODE_SHARE = 0.125
 # A dry-run arm's cost (seconds per step) is re-measured this many times less often than
 # an idle arm that cannot be dry-run is re-probed: costs change slowly, texts quickly.
 DRY_REPROBE_FACTOR = 4
@@ -60,13 +64,12 @@ DRY_REPROBE_FACTOR = 4
 
 @dataclass
 class ArmStats:
-    """One arm's running estimate: tokens per step (from its steps and, when it can be
-    dry-run, from drafts scored while idle) and seconds per step (from its steps)."""
+    """One arm's running estimate: discounted sums of the tokens its steps emitted and the
+    seconds they took, and, when it can be dry-run, of the tokens its unverified drafts
+    would have emitted and the seconds such steps cost (`StepCosts`)."""
 
-    tokens: float = 0.0  # discounted sum of tokens per step
-    samples: float = 0.0  # their discounted count
-    seconds: float = 0.0  # discounted sum of seconds per step it ran
-    timed: float = 0.0  # their discounted count
+    tokens: float = 0.0
+    seconds: float = 0.0
     steps: int = 0  # steps it ran in this generation
     dry_runs: int = 0  # its drafts scored while idle, in this generation
     last_step: int = -1  # the policy step it last ran
@@ -74,9 +77,48 @@ class ArmStats:
     @property
     def rate(self) -> float:
         """Estimated tokens per second (0 until measured)."""
-        if self.samples <= 0 or self.timed <= 0 or self.seconds <= 0:
-            return 0.0
-        return (self.tokens / self.samples) / (self.seconds / self.timed)
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class StepCosts:
+    """What a step costs by draft size, from the steps every arm ran: discounted mean
+    seconds per size class (0 drafted nodes: a plain step; then 1, 2, 3-4, 5-8, ...).
+
+    A dry run is charged the cost of a step of its own draft's size: an arm that would
+    draft 8 junk nodes is charged an 8-node verification, not the plain steps it ran
+    while it had nothing to draft."""
+
+    def __init__(self, decay: float = DECAY) -> None:
+        self.decay = decay
+        self._sums: dict[int, list[float]] = {}  # size class -> [discounted seconds, weight]
+
+    @staticmethod
+    def size_class(drafted: int) -> int:
+        return 0 if drafted <= 0 else (drafted - 1).bit_length() + 1
+
+    def add(self, drafted: int, seconds: float) -> None:
+        entry = self._sums.setdefault(self.size_class(drafted), [0.0, 0.0])
+        entry[0] = entry[0] * self.decay + seconds
+        entry[1] = entry[1] * self.decay + 1
+
+    def estimate(self, drafted: int) -> float | None:
+        """Seconds of a step drafting `drafted` nodes: its size class's mean, interpolated
+        linearly between the classes timed around it; above every class timed, the largest
+        one's plus `UNTIMED_NODE_SHARE` of the smallest per extra node. None below every
+        class timed (a plain step's cost is never guessed from a verification's)."""
+        want = self.size_class(drafted)
+        means = {c: total / weight for c, (total, weight) in self._sums.items()}
+        below = max((c for c in means if c <= want), default=None)
+        if below is None:
+            return None
+        above = min((c for c in means if c >= want), default=None)
+        if above is None:
+            extra = drafted - (0 if below == 0 else 2 ** (below - 1))  # nodes beyond the largest class timed
+            return means[below] + UNTIMED_NODE_SHARE * means[min(means)] * max(extra, 0)
+        if above == below:
+            return means[below]
+        share = (want - below) / (above - below)
+        return means[below] + share * (means[above] - means[below])
 
 
 class SwitchPolicy:
@@ -93,10 +135,12 @@ class SwitchPolicy:
         self.size, self.dwell, self.probe, self.reprobe, self.margin, self.decay = arms, dwell, probe, reprobe, margin, decay
         # Arms whose tokens per step are also observed while idle (dry runs): re-probed rarely.
         self.dry = tuple(dry) or (False,) * arms
+        # Step costs are the machine's, not the text's: kept across generations.
+        self.costs = StepCosts(decay)
         self.reset()
 
     def reset(self) -> None:
-        """Forget everything (a new generation): arm 0 is the incumbent again."""
+        """Forget the arms' estimates (a new generation): arm 0 is the incumbent again."""
         self.stats = [ArmStats() for _ in range(self.size)]
         self.incumbent = self.current = 0
         self.step = 0
@@ -111,28 +155,30 @@ class SwitchPolicy:
         self.stats[self.current].last_step = self.step
         return self.current
 
-    def observe(self, arm: int, tokens: int, seconds: float) -> None:
-        """A step of `arm` emitted `tokens` tokens in `seconds`."""
-        self._observe_tokens(arm, tokens)
-        s = self.stats[arm]
-        s.seconds = s.seconds * self.decay + max(seconds, 1e-9)
-        s.timed = s.timed * self.decay + 1
-        s.steps += 1
+    def observe(self, arm: int, tokens: int, seconds: float, drafted: int = 0) -> None:
+        """A step of `arm` that drafted `drafted` nodes emitted `tokens` tokens in `seconds`."""
+        seconds = max(seconds, 1e-9)
+        self._add(arm, tokens, seconds)
+        self.costs.add(drafted, seconds)
+        self.stats[arm].steps += 1
 
-    def observe_dry(self, arm: int, tokens: int) -> None:
-        """Idle `arm`'s draft would have emitted `tokens` tokens (a dry run, scored)."""
-        self._observe_tokens(arm, tokens)
-        self.stats[arm].dry_runs += 1
+    def observe_dry(self, arm: int, tokens: int, drafted: int) -> None:
+        """Idle `arm`'s unverified draft of `drafted` nodes would have emitted `tokens`
+        tokens (ignored while no step of that size was timed)."""
+        seconds = self.costs.estimate(drafted)
+        if seconds is not None:
+            self._add(arm, tokens, seconds)
+            self.stats[arm].dry_runs += 1
 
-    def _observe_tokens(self, arm: int, tokens: int) -> None:
+    def _add(self, arm: int, tokens: float, seconds: float) -> None:
         s = self.stats[arm]
         s.tokens = s.tokens * self.decay + tokens
-        s.samples = s.samples * self.decay + 1
+        s.seconds = s.seconds * self.decay + seconds
 
     def _decide(self) -> tuple[int, int]:
         """(arm, steps to run it) at the end of a run."""
         for i, s in enumerate(self.stats):
-            if s.steps == 0:  # measure every arm briefly, the incumbent first
+            if s.steps == 0 and s.dry_runs == 0:  # measure every arm briefly (a scored dry run will do), the incumbent first
                 return i, self.probe
         best = max(range(self.size), key=lambda i: self.stats[i].rate)
         if self.stats[best].rate > self.stats[self.incumbent].rate * (1 + self.margin):
@@ -143,12 +189,9 @@ class SwitchPolicy:
         ]
         if idle:  # the text (or, for a dry-run arm, the machine) may have changed since it lost
             arm = min(idle, key=lambda i: self.stats[i].last_step)
-            s = self.stats[arm]
-            if not self.dry[arm]:  # its tokens per step are stale too
-                s.tokens *= STALE
-                s.samples *= STALE
-            s.seconds *= STALE
-            s.timed *= STALE
+            if not self.dry[arm]:  # its evidence is old: let the probe's steps weigh more
+                self.stats[arm].tokens *= STALE
+                self.stats[arm].seconds *= STALE
             return arm, self.probe
         return self.incumbent, self.dwell
 
@@ -223,8 +266,8 @@ class Adaptive(ProposerBase):
         draft = self.arms[arm].propose(context, max_tokens)
         if draft.tokens:
             self._pending.append((arm, len(context), draft))
-        else:  # nothing to draft: it would have emitted the target's token alone
-            self.policy.observe_dry(arm, 1)
+        else:  # nothing to draft: it would have emitted the target's token alone, in a plain step
+            self.policy.observe_dry(arm, 1, 0)
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         # What every idle arm learns: nothing of its own was drafted, the context moved on.
@@ -242,10 +285,10 @@ class Adaptive(ProposerBase):
             if kept is None:
                 waiting.append((index, start, dry))
             else:
-                self.policy.observe_dry(index, kept + 1)
+                self.policy.observe_dry(index, kept + 1, len(dry))
         self._pending = waiting
         # The step's cost: this proposer's propose, the target's forward and verification, every arm's update.
-        self.policy.observe(self._active, outcome.accepted + 1, self.clock() - self._started)
+        self.policy.observe(self._active, outcome.accepted + 1, self.clock() - self._started, len(draft))
 
     def knobs(self) -> dict[str, Any]:
         p = self.policy
