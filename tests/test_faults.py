@@ -969,3 +969,12 @@ def test_misc_rm_reports_links_it_did_not_follow(fake_hub: FakeHub, tmp_path: Pa
     freed = hub.remove_snapshot_files(TARGET, data["target"]["commit"], ["../../../../decoy/victim.txt"],
                                       problems=(problems := []))  # fmt: skip
     assert freed == 0 and victim.read_text() == "precious" and "points outside" in problems[0]
+
+
+def test_an_exception_reads_as_one_line_in_every_message() -> None:
+    from pardec_cli.errors import first_line
+
+    assert first_line(OSError("disk full\n  (details)")) == "disk full"
+    assert first_line(KeyError()) == "KeyError", "no text: its type names it"
+    assert first_line(ValueError("  bad header \nmore"), typed=True) == "ValueError: bad header"
+    assert first_line(RuntimeError(), typed=True) == "RuntimeError"

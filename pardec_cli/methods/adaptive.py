@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from math import ceil
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -49,10 +50,15 @@ STALE = 0.25
 SIZES = (1.0, 0.5)
 
 
-# An arm that can be dry-run (`Proposer.dry_runs`) drafts, unverified, every this many
-# steps while idle: its would-be tokens per step stay current for a few hundred
+# An arm that can be dry-run (`Proposer.dry_runs`) drafts, unverified, at most every this
+# many steps while idle: its would-be tokens per step stay current for a few hundred
 # microseconds of drafting, so it needs no re-probe to be found again.
 DRY_EVERY = 2
+# ... and less often when its drafting is slow: each idle arm's dry runs may take this
+# share of a plain step's time on average (suffix drafting over code took up to 3 ms, a
+# quarter of a 13 ms step: two such arms every other step made auto 16% slower than plain
+# decoding while it was running plain decoding).
+DRY_BUDGET = 0.02
 # A step drafting more nodes than any step timed so far is guessed to cost this share of
 # the cheapest step timed per extra node (the compiled bf16 step on a 2-core CPU without AMX: 8 nodes
 # cost 1.9x one token; flatter on AMX and GPUs): an arm is then tried, and timed.
@@ -232,6 +238,8 @@ class Adaptive(ProposerBase):
         self._active = 0
         self._started = 0.0
         self._pending: list[tuple[int, int, Draft]] = []  # dry runs to score: (arm, context length, draft)
+        self._drafting = [0.0] * len(self.arms)  # per arm: discounted mean seconds of its dry drafting
+        self._last_dry = [0] * len(self.arms)  # per arm: the policy step of its last dry run
 
     @property
     def active(self) -> str:
@@ -244,6 +252,7 @@ class Adaptive(ProposerBase):
     def start(self, ctx: StartContext) -> None:
         self.policy.reset()
         self._pending = []
+        self._last_dry = [0] * len(self.arms)
         for arm in self.arms:
             arm.start(ctx)
 
@@ -255,15 +264,26 @@ class Adaptive(ProposerBase):
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         self._active = self.policy.next_arm()
         self._started = self.clock()
-        if self.policy.step % DRY_EVERY == 0:
-            for i in self._dry:
-                if i != self._active:
-                    self._dry_run(i, context, max_tokens)
+        for i in self._dry:
+            if i != self._active and self.policy.step - self._last_dry[i] >= self._dry_period(i):
+                self._dry_run(i, context, max_tokens)
         return replace(self.arms[self._active].propose(context, max_tokens), arm=self.labels[self._active])
+
+    def _dry_period(self, arm: int) -> int:
+        """Steps between an idle arm's dry runs: DRY_EVERY, or more when its drafting would
+        take over DRY_BUDGET of a plain step (wall time: the budget is real time spent)."""
+        plain = self.policy.costs.estimate(0)
+        if plain is None or self._drafting[arm] <= 0:
+            return DRY_EVERY
+        return max(DRY_EVERY, ceil(self._drafting[arm] / (DRY_BUDGET * plain)))
 
     def _dry_run(self, arm: int, context: Sequence[int], max_tokens: int) -> None:
         """Draft with an idle arm without verifying: scored once the tokens that follow are known."""
+        began = perf_counter()
         draft = self.arms[arm].propose(context, max_tokens)
+        spent = perf_counter() - began
+        self._drafting[arm] = spent if self._drafting[arm] <= 0 else DECAY * self._drafting[arm] + (1 - DECAY) * spent
+        self._last_dry[arm] = self.policy.step
         if draft.tokens:
             self._pending.append((arm, len(context), draft))
         else:  # nothing to draft: it would have emitted the target's token alone, in a plain step
