@@ -68,7 +68,7 @@ def first_line(exc: BaseException, *, typed: bool = False) -> str:
     """An exception in one line for a message: the first line of its text, or its type's
     name when it has none; `typed` puts the type's name first ("OSError: disk full")."""
     text = str(exc).strip()
-    line = text.splitlines()[0] if text else ""
+    line = text.splitlines()[0].strip() if text else ""
     if typed:
         return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
     return line or type(exc).__name__
