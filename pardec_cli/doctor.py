@@ -261,7 +261,8 @@ def weight_bytes(model: Any) -> int:
     """Bytes of weights one decoding forward of `model` (a torch module) reads.
 
     Every parameter and buffer once (tied weights are one tensor), less the input
-    embedding when the output layer does not share it: a lookup reads a few of its rows.
+    embedding when the output layer does not multiply through it (untied, or a
+    `quant.Int8Head`'s int8 copy): a lookup reads a few of its rows.
     The KV cache a forward also reads is left out (small at a few hundred tokens).
     """
     seen: set[int] = set()
@@ -271,10 +272,15 @@ def weight_bytes(model: Any) -> int:
         if key not in seen:
             seen.add(key)
             total += tensor.numel() * tensor.element_size()
+    from pardec_cli.quant import Int8Head
+
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     embedding = get_in() if get_in else None
     output = get_out() if get_out else None
-    if embedding is not None and (output is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
+    # An Int8Head multiplies through its int8 copy (a buffer), not the tied dense weight.
+    head_reads_it = output is not None and not isinstance(output, Int8Head) and \
+        output.weight.data_ptr() == embedding.weight.data_ptr()  # fmt: skip
+    if embedding is not None and not head_reads_it:
         total -= embedding.weight.numel() * embedding.weight.element_size()
     return total
 

@@ -14,9 +14,14 @@ are stored as integers and dequantized inside the matmul kernel.
 
 Both are plain `nn.Module`s whose forward calls one aten op, so they run eagerly and
 trace under ``torch.compile`` without graph breaks. `quantize_linears` swaps them into
-a loaded model's decoder layers. The LM head and the embedding stay dense: Medusa,
-EAGLE, layer-skip and head training read ``get_output_embeddings().weight`` directly,
-and SmolLM2-style models tie the head to the embedding.
+a loaded model's decoder layers.
+
+The output head is different (`Int8Head`, `quantize_head`): its weight stays dense for
+its readers (Medusa, EAGLE, layer-skip and head training read
+``get_output_embeddings().weight``, and SmolLM2-style models tie it to the embedding),
+and only the model's own logits go through an int8 copy, with the activations quantized
+too, so that the product is integer and every row's logits are the same whatever the
+number of rows (a decode step and a verification compute one function).
 
 This module depends on torch only.
 """
@@ -248,6 +253,73 @@ def quantize_linears(model: nn.Module, mode: str, *, group_size: int = DEFAULT_G
         setattr(parent, child, new)
         replaced += 1
     return replaced
+
+
+class Int8Head(nn.Module):
+    """The output head's logits on int8 x int8 products (``torch._int_mm``), exact per row.
+
+    The weight is int8 with one scale per vocabulary row, after each input column j is
+    divided by ``c[j] = sqrt(max |W[:, j]|)`` (and the activations multiplied by it:
+    SmoothQuant's alpha 0.5, taken from the weight alone), which evens out the columns
+    that set a row's scale. Each activation row is split into two int8 passes,
+    ``x ~ q1 * s1 + q2 * s2`` (the second quantizes the first's error, ~14 bits in all),
+    and both go through one integer matmul, [2M, K] x [K, V] -> int32. Integer
+    accumulation is exact, so a row's logits do not depend on how many rows share the
+    step, which a dense 16-bit GEMM does not promise. `weight` and `bias` stay the dense
+    tensors (shared, not copied) for readers of ``get_output_embeddings()``.
+    docs/weights.md has the measurements (speed, and agreement with the dense head).
+    """
+
+    def __init__(self, dense: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = dense.in_features, dense.out_features
+        self.weight = dense.weight  # [V, K], the tied embedding for SmolLM2-style models
+        self.bias = dense.bias
+        w = dense.weight.detach().float()  # [V, K]
+        smooth = w.abs().amax(dim=0).clamp(min=1e-12).sqrt()  # [K]
+        w = w / smooth
+        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [V]
+        self.register_buffer("weight_int8", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scales)  # [V] float32
+        self.register_buffer("smooth", smooth)  # [K] float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features).float() * self.smooth  # [M, K]
+        q1, s1 = _int8_rows(x2d)
+        q2, s2 = _int8_rows(x2d - q1.float() * s1)
+        # [2M, K] @ [K, V]: the transposed view of the [V, K] codes is the fast layout at few rows.
+        both = torch._int_mm(torch.cat([q1, q2]), self.weight_int8.t()).float()  # [2M, V]
+        m = x2d.shape[0]
+        y = (both[:m] * s1 + both[m:] * s2) * self.scales
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 x two int8 passes"
+
+
+def _int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 codes of each row of `x` [M, K] and their scales [M, 1]."""
+    scale = (x.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-30)
+    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_head(model: nn.Module) -> bool:
+    """Route the model's logits through `Int8Head`, in place; False (nothing changed)
+    when the model has no nn.Linear output head or it is not on a CPU (``_int_mm`` on
+    CUDA wants more than 16 rows)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear) or head.weight.device.type != "cpu":
+        return False
+    model.set_output_embeddings(Int8Head(head))
+    return True
+
+
+def head_label(model: nn.Module) -> str:
+    """What the model's logits are multiplied through: "int8" (`Int8Head`) or "full"."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return "int8" if isinstance(head, Int8Head) else "full"
 
 
 def weights_label(model: nn.Module) -> str:

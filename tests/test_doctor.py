@@ -43,6 +43,17 @@ def test_tied_embeddings_count_once_as_the_lm_head_that_reads_them_whole():
     assert weight_bytes(model) == untied  # one 96 x 32 matrix read whole by the LM head, as before
 
 
+def test_a_tied_head_on_int8_counts_its_int8_copy_and_not_the_dense_embedding():
+    from pardec_cli.quant import quantize_head
+
+    model = tiny_llama(vocab=96, layers=2, hidden=32)
+    model.lm_head.weight = model.model.embed_tokens.weight
+    tied = weight_bytes(model)
+    assert quantize_head(model)
+    # The 96 x 32 float32 matrix gives way to its int8 codes, 96 row scales and 32 column factors.
+    assert weight_bytes(model) == tied - 96 * 32 * 4 + 96 * 32 + 96 * 4 + 32 * 4
+
+
 def test_weight_bytes_follow_the_dtype():
     model = tiny_llama(vocab=96, layers=2, hidden=32)
     fp32 = weight_bytes(model)

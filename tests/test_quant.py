@@ -21,7 +21,10 @@ import torch
 from torch import nn
 
 from pardec_cli.errors import PardecUsageError
-from pardec_cli.quant import DENSE_FROM_ROWS, Int4Linear, Int8Linear, cpu_pack_block, quantize_linears, resolve_weights, weights_label
+from pardec_cli.quant import (
+    DENSE_FROM_ROWS, Int4Linear, Int8Head, Int8Linear, cpu_pack_block, head_label, quantize_head, quantize_linears,
+    resolve_weights, weights_label,
+)
 from tests.cli_helpers import invoke
 from tests.test_exactness import random_prompt, run
 from tests.tiny_models import peaked, tiny_llama
@@ -107,6 +110,44 @@ def test_quantize_linears_keeps_the_head_and_embedding_dense() -> None:
     assert quantize_linears(tiny_llama(layers=1), "full") == 0
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_int8_head_keeps_the_dense_tied_weight_for_readers_and_close_logits(dtype) -> None:
+    model = tiny_llama(layers=1, hidden=64).to(dtype)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's
+    dense_weight = model.get_output_embeddings().weight
+    ids = torch.tensor([random_prompt(0, 12)])
+    with torch.no_grad():
+        before = model(ids).logits.float()
+        assert quantize_head(model) and head_label(model) == "int8"
+        after = model(ids).logits.float()
+    head = model.get_output_embeddings()
+    assert isinstance(head, Int8Head)
+    # Readers of .weight (Medusa, EAGLE, layer-skip, head training) still get the exact tied matrix.
+    assert head.weight is dense_weight is model.model.embed_tokens.weight
+    assert not torch.equal(before, after)  # the logits really come from the int8 copy
+    assert (after - before).norm() < 0.02 * before.norm()
+    assert head_label(tiny_llama(layers=1)) == "full"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_int8_head_gives_a_row_the_same_logits_whatever_the_rows_beside_it(dtype) -> None:
+    """Integer products are exact: a decode step (1 row) and a verification (many rows)
+    compute one function, bit for bit, which a dense 16-bit GEMM does not promise."""
+    head = Int8Head(nn.Linear(64, 1000, bias=False).to(dtype))
+    x = torch.randn(33, 64, generator=torch.Generator().manual_seed(0)).to(dtype) * 3
+    with torch.no_grad():
+        together = head(x)
+        for rows in (1, 2, 7, 16):
+            assert torch.equal(head(x[:rows]), together[:rows])
+        assert all(torch.equal(head(x[i : i + 1])[0], together[i]) for i in range(33))
+
+
+def test_a_head_that_is_not_an_nn_linear_stays_as_it_is() -> None:
+    model = tiny_llama(layers=1)
+    model.lm_head = nn.Identity()
+    assert not quantize_head(model)
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_a_quantized_model_compiles_without_graph_breaks_and_matches_eager(mode) -> None:
     model = quantize_linears_on(tiny_llama(layers=2, hidden=64), mode)
@@ -121,7 +162,9 @@ def test_a_quantized_model_compiles_without_graph_breaks_and_matches_eager(mode)
 
 
 def quantize_linears_on(model: nn.Module, mode: str) -> nn.Module:
+    """What loading does with quantized weights on a CPU: decoder layers and the head."""
     quantize_linears(model, mode)
+    quantize_head(model)
     return model
 
 
@@ -257,10 +300,12 @@ def test_int4_from_kept_codes_equals_the_dequantized_weights(tiny_gguf: Path) ->
     assert torch.allclose(layer.dequantize(), dense, atol=1e-5)  # only the bf16-free fp32 zero rounding
     int8, _ = load_model(path, dtype="float32", device="cpu", weights="int8")
     assert isinstance(int8.model.layers[0].mlp.down_proj, Int8Linear)
+    assert head_label(packed) == head_label(int8) == "int8" and head_label(full) == "full"
     ids = torch.tensor([random_prompt(3, 10)])
     with torch.no_grad():
-        a, b = full(ids).logits, packed(ids).logits
-    assert torch.allclose(a, b, atol=1e-4)
+        a, b = full(ids, output_hidden_states=True), packed(ids, output_hidden_states=True)
+    assert torch.allclose(a.hidden_states[-1], b.hidden_states[-1], atol=1e-4)  # the decoder: the same weights
+    assert (a.logits - b.logits).norm() < 0.02 * a.logits.norm()  # the head: int8
 
 
 # ----------------------------------------------------------------------- the CLI

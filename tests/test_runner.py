@@ -311,6 +311,23 @@ def test_saved_steps_load_in_a_later_runner_for_another_checkpoint(compiled_runn
     assert not any("compiling" in n for n in notices), notices
 
 
+def test_quantized_weights_and_the_int8_head_compile_and_decode_as_plain_decoding_does(tmp_path):
+    """What `--weights int4` loads on a CPU (packed int4 layers, the int_mm head) compiles
+    without breaking, and every method still gives plain decoding's tokens."""
+    from pardec_cli.quant import quantize_head, quantize_linears
+
+    model = _model(0, True)
+    quantize_linears(model, "int4")
+    assert quantize_head(model)
+    runner = CompiledLanguageModel(model, step_dir=tmp_path)
+    reference = hf_greedy(model, random_prompt(0), 40)
+    for method in ("vanilla", "pld", "suffix+recycling"):
+        tokens, _ = run_on(runner, method, {}, random_prompt(0), max_new_tokens=40)
+        assert tokens == reference, method
+    states = runner.graph_states()
+    assert states["decode"].failed is None and states["verify"].failed is None
+
+
 def test_hidden_states_come_out_of_compiled_and_saved_steps(tmp_path):
     """EAGLE-3 reads three layers' hidden states from every step: the "+hidden" graphs."""
     model = peaked(tiny_llama(2))
@@ -372,10 +389,15 @@ def test_a_loaded_step_is_trusted_to_rounding_not_to_another_model():
 
 
 def test_the_fingerprint_names_architecture_dtype_and_weight_layout_not_weights(monkeypatch):
+    from pardec_cli.quant import quantize_head
+
     base = step_fingerprint(tiny_llama(0))
     assert step_fingerprint(tiny_llama(5)) == base
     assert step_fingerprint(tiny_llama(0).to(torch.bfloat16)) != base
     assert step_fingerprint(tiny_llama(0, layers=3)) != base
+    with_int8_head = tiny_llama(0)
+    quantize_head(with_int8_head)
+    assert step_fingerprint(with_int8_head) != base
     monkeypatch.setattr("transformers.__version__", "99.0")  # other modeling code was traced
     assert step_fingerprint(tiny_llama(0)) != base
 

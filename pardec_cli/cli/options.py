@@ -64,8 +64,8 @@ def model_options(f: F) -> F:
     f = click.option(
         "--weights", default="auto", show_default=True, type=click.Choice(["auto", "full", "int8", "int4"]),
         help="How the decoder's weights are held. full: dense, in the --dtype; int8: 8-bit per channel; int4: "
-        "4-bit in groups of 32 (fewer bytes read per token, slightly different output). auto: what measured "
-        "fastest for the --dtype on a CPU, dense on GPUs.",
+        "4-bit in groups of 32 (fewer bytes read per token, slightly different output); on a CPU both also "
+        "take the output head's product in int8. auto: what measured fastest for the --dtype on a CPU, dense on GPUs.",
     )(f)
     f = click.option(
         "-m", "--model", "model", default=None, metavar="MODEL", shell_complete=complete_model,

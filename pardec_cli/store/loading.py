@@ -175,7 +175,8 @@ def load_model(
     `dtype` is a name from `pardec_cli.hardware` ("float32", "bfloat16", "float16");
     `device` a resolved device ("cpu", "cuda", "cuda:1", "mps"). `weights` says how the
     decoder's linear layers hold their weights: "full" (dense in `dtype`), "int8",
-    "int4" (`pardec_cli.quant`), or "auto" (`pardec_cli.quant.resolve_weights`). A
+    "int4" (`pardec_cli.quant`; on a CPU the output head's logits then go through
+    `quant.Int8Head`), or "auto" (`pardec_cli.quant.resolve_weights`). A
     directory stored with a GGUF file's blocks kept (`store.quantized`) loads from
     them: exactly dequantized for "full", its 4-bit codes packed directly for "int4".
     The model uses SDPA
@@ -185,7 +186,7 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pardec_cli.quant import quantize_linears, resolve_weights
+    from pardec_cli.quant import quantize_head, quantize_linears, resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
     path = Path(path)
@@ -238,6 +239,8 @@ def load_model(
     check_loaded_weights(path, info)
     if not stored_blocks:
         quantize_linears(model, mode)
+    if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
+        quantize_head(model)
     model.eval()
     return model, tokenizer
 
