@@ -3,6 +3,7 @@
     prefill(prompt) -> first token                      (step 0)
     repeat:
         draft   = proposer.propose(context)             k guessed tokens: a chain or a tree
+                  (less its last node when that alone would start a new tile of rows)
         logits  = target([last, *draft], tree mask)     ONE forward, k+1 rows
         verdict = verify(draft, logits)                 kept path + target's next token
         cache  -> keep the root and the kept path       rollback / tree compaction
@@ -34,7 +35,7 @@ import torch
 from pardec_cli.engine.cache import check_rollback_supported, keep_path
 from pardec_cli.engine.events import FINISH_EOS, FINISH_LENGTH, StepEvent
 from pardec_cli.engine.model import LanguageModel
-from pardec_cli.engine.proposal import Draft, Outcome, Proposer, StartContext
+from pardec_cli.engine.proposal import Draft, Outcome, Proposer, StartContext, fit_to_tiles
 from pardec_cli.engine.sampling import SamplingParams, logits_to_probs, make_generator, sample_from
 from pardec_cli.engine.verify import LazyRows, Verdict, verify_greedy, verify_sampling
 from pardec_cli.errors import ContextOverflowError, PardecUsageError
@@ -108,6 +109,7 @@ def decode(
             t0 = perf_counter()
             # Drafting past the token limit is wasted work: the extra tokens could never be emitted.
             draft = proposer.propose(context, max_new_tokens - produced - 1)
+            draft = fit_to_tiles(draft, target.row_tile)  # no lone row past a tile of the target's matmuls
             t1 = perf_counter()
             # The root (context[-1]) goes at cache position len(context) - 1, its nodes after it.
             inputs = [context[-1], *draft.tokens]

@@ -15,6 +15,7 @@ import torch
 from pardec_cli.engine.cache import cache_length, new_cache
 from pardec_cli.engine.tree import tree_attention
 from pardec_cli.errors import PardecUsageError
+from pardec_cli.quant import row_tile
 
 # Attention implementations that apply a 4-D additive float mask as given.
 TREE_ATTENTION = ("sdpa", "eager")
@@ -29,6 +30,8 @@ class LanguageModel:
         first = next(model.parameters())
         self.device = first.device
         self.dtype = first.dtype
+        #: Rows the step computes in tiles of (`quant.row_tile`); the loop fits drafts to them.
+        self.row_tile = row_tile(model)
 
     @property
     def vocab_size(self) -> int:

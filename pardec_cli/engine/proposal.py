@@ -62,7 +62,30 @@ class Draft:
         return cls(tokens, parents=parents)
 
 
+    def without_last(self) -> Draft:
+        """The draft less its last node (a leaf: parents come before their children)."""
+        if not self.tokens:
+            return self
+        probs = None if self.probs is None else self.probs[:-1]
+        parents = None if self.parents is None else self.parents[:-1]
+        return Draft(self.tokens[:-1], probs, parents, self.arm)
+
+
 EMPTY_DRAFT = Draft()
+
+
+def fit_to_tiles(draft: Draft, tile: int) -> Draft:
+    """`draft` less its last node when that node alone would start a new tile of rows.
+
+    A step verifies the root and the draft's nodes, 1 + k rows; a target whose matmuls
+    compute rows in tiles (`LanguageModel.row_tile`) pays nearly a whole tile for one row
+    past a tile's end, more than that row's best case (one more token of 1 + k) adds. The
+    output is unchanged: what is verified is still verified exactly.
+    """
+    rows = len(draft) + 1
+    if tile > 1 and rows > tile and rows % tile == 1:
+        return draft.without_last()
+    return draft
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from math import ceil
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, Proposer, StartContext
+from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Needs, Outcome, Proposer, StartContext, fit_to_tiles
 from pardec_cli.engine.tree import kept_along
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods.base import ProposerBase
@@ -235,6 +235,7 @@ class Adaptive(ProposerBase):
             dry=[arm.dry_runs for arm in self.arms],
         )
         self.clock = clock  # injectable: tests drive the policy with a fake clock
+        self._row_tile = getattr(env.target, "row_tile", 1)
         self._active = 0
         self._started = 0.0
         self._pending: list[tuple[int, int, Draft]] = []  # dry runs to score: (arm, context length, draft)
@@ -280,7 +281,7 @@ class Adaptive(ProposerBase):
     def _dry_run(self, arm: int, context: Sequence[int], max_tokens: int) -> None:
         """Draft with an idle arm without verifying: scored once the tokens that follow are known."""
         began = perf_counter()
-        draft = self.arms[arm].propose(context, max_tokens)
+        draft = fit_to_tiles(self.arms[arm].propose(context, max_tokens), self._row_tile)  # as the loop would verify it
         spent = perf_counter() - began
         self._drafting[arm] = spent if self._drafting[arm] <= 0 else DECAY * self._drafting[arm] + (1 - DECAY) * spent
         self._last_dry[arm] = self.policy.step

@@ -102,8 +102,10 @@ class Lookahead(ProposerBase):
         assert outcome.top_tokens is not None
         predicted = outcome.top_tokens[:, 0].tolist()  # [k+1]
         newest = self.levels[-1]
-        # A column cut off by the depth cap (near the token limit) keeps its old token.
-        fresh = [predicted[node + 1] if node is not None else old for node, old in zip(self.cells[-1], newest)]
+        # A column cut off by the depth cap (near the token limit), or whose node the loop did
+        # not verify (`fit_to_tiles` dropped the last one), keeps its old token.
+        fresh = [predicted[node + 1] if node is not None and node < len(draft) else old
+                 for node, old in zip(self.cells[-1], newest)]  # fmt: skip
         if len(self.levels) < self.ngram - 1:
             self.levels.append(fresh)  # warming up: one more level per step
             return
