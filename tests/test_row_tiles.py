@@ -31,6 +31,7 @@ def test_a_draft_loses_its_last_node_only_when_that_node_alone_starts_a_tile(nod
 def test_a_fitted_tree_keeps_its_parents_and_a_sampled_draft_its_probabilities() -> None:
     tree = Draft.tree([5, 6, 7, 8], [-1, -1, 0, 1])
     assert fit_to_tiles(tree, 4) == Draft.tree([5, 6, 7], [-1, -1, 0])
+    assert fit_to_tiles(Draft.tree([5, 6, 7, 8], [-1, 0, 1, 0]), 4).is_chain  # one branch left
     sampled = Draft((5, 6, 7, 8), probs=torch.rand(4, 10), arm="pld")
     fitted = fit_to_tiles(sampled, 4)
     assert fitted.tokens == (5, 6, 7) and torch.equal(fitted.probs, sampled.probs[:3]) and fitted.arm == "pld"

@@ -67,8 +67,10 @@ class Draft:
         if not self.tokens:
             return self
         probs = None if self.probs is None else self.probs[:-1]
-        parents = None if self.parents is None else self.parents[:-1]
-        return Draft(self.tokens[:-1], probs, parents, self.arm)
+        if self.parents is None:
+            return Draft(self.tokens[:-1], probs, None, self.arm)
+        shorter = Draft.tree(self.tokens[:-1], self.parents[:-1])  # a tree left with one branch is a chain
+        return Draft(shorter.tokens, probs, shorter.parents, self.arm)
 
 
 EMPTY_DRAFT = Draft()
