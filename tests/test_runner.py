@@ -316,7 +316,7 @@ def test_quantized_weights_and_the_int8_head_compile_and_decode_as_plain_decodin
     without breaking, and every method still gives plain decoding's tokens."""
     from pardec_cli.quant import quantize_head, quantize_linears
 
-    model = _model(0, True)
+    model = peaked(tiny_llama(0))  # its own: the cached _model is shared by the module's other tests
     quantize_linears(model, "int4")
     assert quantize_head(model)
     runner = CompiledLanguageModel(model, step_dir=tmp_path)
@@ -398,6 +398,9 @@ def test_the_fingerprint_names_architecture_dtype_and_weight_layout_not_weights(
     with_int8_head = tiny_llama(0)
     quantize_head(with_int8_head)
     assert step_fingerprint(with_int8_head) != base
+    with_a_buffer = tiny_llama(0)
+    with_a_buffer.model.norm.register_buffer("extra", torch.ones(1))  # the module's code changed
+    assert step_fingerprint(with_a_buffer) != base
     monkeypatch.setattr("transformers.__version__", "99.0")  # other modeling code was traced
     assert step_fingerprint(tiny_llama(0)) != base
 

@@ -88,11 +88,16 @@ def runner_attention(model: Any) -> str:
 def step_fingerprint(model: Any) -> str:
     """What a saved step depends on: the architecture (config without its attention
     choice), the attention the runner uses, dtype, device type, the weight layout (module
-    classes and their quantization groups), the versions of torch, transformers and
+    classes, their quantization groups and buffer names), the versions of torch, transformers and
     pardec, and the compile options. Not the weights: they are inputs of the graph."""
     config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k not in ("transformers_version", "name_or_path")}
     first = next(model.parameters())
-    layout = sorted({f"{type(m).__module__}.{type(m).__qualname__}:{getattr(m, 'group_size', '')}" for m in model.modules()})
+    # Buffer names too: a module that gains one (within a pardec version) traces another graph.
+    layout = sorted({
+        f"{type(m).__module__}.{type(m).__qualname__}:{getattr(m, 'group_size', '')}:"
+        + ",".join(sorted(name for name, _ in m.named_buffers(recurse=False)))
+        for m in model.modules()
+    })
     # The graph also bakes in the modeling code it traced: transformers' and pardec's.
     import transformers
 
