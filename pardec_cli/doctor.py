@@ -278,9 +278,11 @@ def weight_bytes(model: Any) -> int:
     embedding = get_in() if get_in else None
     output = get_out() if get_out else None
     # An Int8Head multiplies through its int8 copy (a buffer), not the tied dense weight.
+    if embedding is None:
+        return total
     head_reads_it = output is not None and not isinstance(output, Int8Head) and \
         output.weight.data_ptr() == embedding.weight.data_ptr()  # fmt: skip
-    if embedding is not None and not head_reads_it:
+    if not head_reads_it:
         total -= embedding.weight.numel() * embedding.weight.element_size()
     return total
 
