@@ -216,9 +216,13 @@ def can_int4(linear: nn.Linear, group_size: int) -> bool:
     return k % 2 == 0
 
 
+def _output_head(model: nn.Module) -> nn.Module | None:
+    return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+
 def decoder_linears(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
     """Every nn.Linear of the model except its output head (kept dense, see the module doc)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = _output_head(model)
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and module is not head:
             yield name, module
@@ -309,17 +313,11 @@ def quantize_head(model: nn.Module) -> bool:
     """Route the model's logits through `Int8Head`, in place; False (nothing changed)
     when the model has no nn.Linear output head or it is not on a CPU (``_int_mm`` on
     CUDA wants more than 16 rows)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = _output_head(model)
     if not isinstance(head, nn.Linear) or head.weight.device.type != "cpu":
         return False
     model.set_output_embeddings(Int8Head(head))
     return True
-
-
-def head_label(model: nn.Module) -> str:
-    """What the model's logits are multiplied through: "int8" (`Int8Head`) or "full"."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return "int8" if isinstance(head, Int8Head) else "full"
 
 
 #: torch's CPU int4 kernel (tinygemm) multiplies rows in tiles of 4: a step of 4 rows

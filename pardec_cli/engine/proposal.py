@@ -61,7 +61,6 @@ class Draft:
             return cls(tokens)
         return cls(tokens, parents=parents)
 
-
     def without_last(self) -> Draft:
         """The draft less its last node (a leaf: parents come before their children)."""
         if not self.tokens:

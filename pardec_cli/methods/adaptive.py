@@ -235,7 +235,7 @@ class Adaptive(ProposerBase):
             dry=[arm.dry_runs for arm in self.arms],
         )
         self.clock = clock  # injectable: tests drive the policy with a fake clock
-        self._row_tile = getattr(env.target, "row_tile", 1)
+        self._row_tile = env.target.row_tile
         self._active = 0
         self._started = 0.0
         self._pending: list[tuple[int, int, Draft]] = []  # dry runs to score: (arm, context length, draft)

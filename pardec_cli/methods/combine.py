@@ -58,14 +58,14 @@ class Combined(ProposerBase):
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         if not draft.tokens:  # nothing merged this step (or a wrapper ran another proposer)
             self._drafts, self._node_ids = [EMPTY_DRAFT] * len(self.parts), [[] for _ in self.parts]
-        elif any(merged is not None and merged >= len(draft) for ids in self._node_ids for merged in ids):
+        else:
             self._drop_unverified(len(draft))
         for part, own, ids in zip(self.parts, self._drafts, self._node_ids):
             part.update(context, own, self._own_outcome(part, ids, outcome))
 
     def _drop_unverified(self, verified: int) -> None:
-        """The loop verified only the first `verified` merged nodes (`fit_to_tiles` dropped the
-        last): each part forgets its nodes past them, leaves of its own tree, as never drafted."""
+        """Each part forgets its nodes past the first `verified` merged ones, as never drafted:
+        the loop may verify fewer than were merged (`fit_to_tiles` drops the last, a leaf)."""
         for i, (own, ids) in enumerate(zip(self._drafts, self._node_ids)):
             keep = [j for j, merged in enumerate(ids) if merged is None or merged < verified]
             if len(keep) == len(ids):
