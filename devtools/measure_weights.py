@@ -27,6 +27,7 @@ def main() -> None:
 
     import torch
 
+    from pardec_cli.engine.cache import cache_keyword
     from pardec_cli.store.loading import load_model
     from pardec_cli.store.resolve import resolve_model
 
@@ -38,14 +39,14 @@ def main() -> None:
     context = torch.randint(0, 1000, (1, args.context))
     times: dict[tuple[str, str, int], list[float]] = {(*key, k): [] for key in models for k in (1, 16)}
     with torch.no_grad():
-        caches = {key: model(context, use_cache=True).past_key_values for key, model in models.items()}
+        caches = {key: model(context, use_cache=True)[cache_keyword(model)] for key, model in models.items()}
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
             for key, model in models.items():
                 for k in (1, 16):
                     new = torch.randint(0, 1000, (1, k))
                     start = time.perf_counter()
-                    model(new, past_key_values=caches[key], use_cache=True)
+                    model(new, use_cache=True, **{cache_keyword(model): caches[key]})
                     times[(*key, k)].append(time.perf_counter() - start)
                     caches[key].crop(-k)  # back to the context
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")

@@ -7,7 +7,7 @@ per k the median and the interquartile range of each, and the break-even: compil
 seconds over the time saved per one-token step (the number behind
 `engine.runner.BREAK_EVEN_TOKENS`). Run it twice to see a warm on-disk cache.
 
-    python -m devtools.runner_speed [-m MODEL] [--dtype bfloat16] [--context 300] [--repeats 30]
+    python -m devtools.runner_speed [-m MODEL] [--dtype bfloat16] [--weights auto] [--context 300] [--repeats 30]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", default=None)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--weights", default="auto", help="full, int8, int4 or auto (as --weights)")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--ks", default="1,2,4,8,16,32,64")
@@ -40,7 +41,7 @@ def main() -> None:
     from pardec_cli.engine.model import LanguageModel
     from pardec_cli.session import Session
 
-    compiled = Session.load(args.model, dtype=args.dtype, device="cpu", compile="on", notice=lambda m: print(m, file=sys.stderr))
+    compiled = Session.load(args.model, dtype=args.dtype, device="cpu", compile="on", weights=args.weights, notice=lambda m: print(m, file=sys.stderr))
     target = compiled.target
     eager = LanguageModel(target.model)
     began = perf_counter()

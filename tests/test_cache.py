@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pardec_cli.engine.cache import cache_length, check_rollback_supported, new_cache, rollback_to
+from pardec_cli.engine.cache import cache_keyword, cache_length, check_rollback_supported, new_cache, rollback_to
 from pardec_cli.errors import CacheRollbackError
 from tests.tiny_models import tiny_llama
 
 
 def forward(model, ids, cache):
     with torch.no_grad():
-        return model(torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0]
+        return model(torch.tensor([ids]), use_cache=True, **{cache_keyword(model): cache}).logits[0]
 
 
 def test_rollback_then_continue_equals_never_having_drafted():
@@ -142,3 +142,18 @@ def test_decoding_leaves_the_callers_grad_mode_alone():
     list(second)
     del first  # abandoned mid-generation
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+def test_a_step_passes_the_cache_by_the_keyword_the_installed_transformers_takes():
+    # transformers 5.24 renamed `past_key_values` to `cache` and warns on the old name:
+    # a step must not print that warning under a user's generation.
+    import warnings
+
+    from pardec_cli.engine.model import LanguageModel
+
+    lm = LanguageModel(tiny_llama())
+    cache = lm.new_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lm.forward([1, 2, 3], cache)
+    assert cache_length(cache) == 3

@@ -16,6 +16,14 @@ from typing import Any
 from pardec_cli.errors import CacheRollbackError
 
 
+def cache_keyword(model: Any) -> str:
+    """The keyword `model`'s forward takes its KV cache by: ``cache`` from transformers 5.24
+    (where ``past_key_values`` warns that it is deprecated), ``past_key_values`` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def new_cache(config: Any) -> Any:
     """A fresh dynamic KV cache laid out for `config`'s layers."""
     from transformers import DynamicCache

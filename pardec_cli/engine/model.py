@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from pardec_cli.engine.cache import cache_length, new_cache
+from pardec_cli.engine.cache import cache_keyword, cache_length, new_cache
 from pardec_cli.engine.tree import tree_attention
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.quant import row_tile
@@ -32,6 +32,7 @@ class LanguageModel:
         self.dtype = first.dtype
         #: Rows the step computes in tiles of (`quant.row_tile`); the loop fits drafts to them.
         self.row_tile = row_tile(model)
+        self._cache_keyword = cache_keyword(model)
 
     @property
     def vocab_size(self) -> int:
@@ -125,8 +126,8 @@ class LanguageModel:
             extra["output_hidden_states"] = True
         return self.model(
             input_ids=self.as_input(token_ids),
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
+            **{self._cache_keyword: cache},
             **extra,
         )

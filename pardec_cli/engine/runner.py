@@ -49,7 +49,7 @@ MAX_COMPILED_ROWS = 64
 #: The graph kinds: one token (decoding), several (verifying a draft).
 DECODE, VERIFY = "decode", "verify"
 #: Bumped when the graphs' inputs or outputs change: older saved steps are then ignored.
-STEP_FORMAT = 2
+STEP_FORMAT = 3
 #: Inductor options of the precompiled (CPU) steps. No runtime size, stride or alignment
 #: asserts: the runner alone builds the inputs, a loaded step is checked against the
 #: eager one, and the ~970 asserts per one-token step cost Python time on every step.
@@ -163,11 +163,12 @@ def step_mask(
     return mask.view(1, 1, rows, width).to(device), positions.view(1, rows).to(device)
 
 
-def _forward(model: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, hidden: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-    """One forward over the static cache: (logits [1, q, V], hidden states or None)."""
+def _forward(model: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, hidden: bool, cache_keyword: str) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """One forward over the static cache: (logits [1, q, V], hidden states or None).
+    `cache_keyword` is `engine.cache.cache_keyword(model)`, a constant of the graph."""
     out = model(
         input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-        past_key_values=cache, use_cache=True, output_hidden_states=hidden,
+        use_cache=True, output_hidden_states=hidden, **{cache_keyword: cache},
     )
     return out.logits, (tuple(out.hidden_states) if hidden else None)
 
@@ -312,7 +313,7 @@ class CompiledLanguageModel(LanguageModel):
         kind = graph_kind(rows) if rows == 1 or not last_only else None
         out = None
         if kind is not None:
-            out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden))
+            out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden, self._cache_keyword))
         if out is None:
             out = self._eager(input_ids, positions, mask, cache, hidden, last_only)
         cache.length = start + rows
@@ -321,7 +322,7 @@ class CompiledLanguageModel(LanguageModel):
 
     def _compiled_step(self, kind: str, hidden: bool, args: tuple[Any, ...]) -> Any:
         """Run one step through its graph (building it first if needed); None: run it eagerly."""
-        _, input_ids, positions, mask, cache, _ = args
+        _, input_ids, positions, mask, cache = args[:5]
         state = self._graphs.get((kind, hidden))
         began = perf_counter()
         # torch.compile (not precompiled) reads the dynamic-dimension marks on every call.
@@ -355,7 +356,7 @@ class CompiledLanguageModel(LanguageModel):
         """A loaded step's first run, checked against the eager step on the same inputs
         (both write the same cache rows, the eager one last); a mismatch drops the saved
         graph, and the next step of this kind compiles it again."""
-        _, input_ids, positions, mask, cache, hidden = args
+        _, input_ids, positions, mask, cache, hidden = args[:6]
         assert state.compiled is not None
         began = perf_counter()
         try:
@@ -377,8 +378,8 @@ class CompiledLanguageModel(LanguageModel):
 
     def _eager(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, hidden: bool, last_only: bool) -> tuple[torch.Tensor, Any]:
         out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-            use_cache=True, output_hidden_states=hidden, logits_to_keep=1 if last_only else 0,
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+            output_hidden_states=hidden, logits_to_keep=1 if last_only else 0, **{self._cache_keyword: cache},
         )
         return out.logits, (tuple(out.hidden_states) if hidden else None)
 
