@@ -1,5 +1,5 @@
 """Measure one forward of a model with full, int8 and int4 weights: the data behind
-`pardec_cli.quant.AUTO_CPU` (what `--weights auto` picks on a CPU).
+`pardec_cli.weight_modes.AUTO_CPU` (what `--weights auto` picks on a CPU).
 
 Loads the model once per (dtype, weights), fills a KV cache with a `--context`-token
 prompt, then times forwards of 1 and 16 new tokens, interleaving every configuration

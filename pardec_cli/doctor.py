@@ -149,7 +149,7 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
     from pardec_cli.selection.selector import AutoSelector, ModelInfo
     from pardec_cli.store.accelerators import installed_accelerators
     from pardec_cli.store.inventory import config_summary
-    from pardec_cli.selection.learned import learned_path, learning_enabled, read_usage
+    from pardec_cli.selection.learned import learned_path, learning_enabled, read_curve, read_usage, step_kind
     from pardec_cli.selection.tuned import find_results, fingerprint_directory, unusable_results
 
     name, path, repo = find_model(spec)
@@ -175,14 +175,23 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
         "curve": tuned.curve.to_dict() if tuned.curve else None,
     }
     report["notes"] = list(notes)
-    usage = read_usage(fingerprint, hardware.key, hardware.dtype) if learning_enabled() else None
+    # What a default `pardec gen` of a short reply runs: --weights auto, eager steps.
+    from pardec_cli.weight_modes import resolve_weights
+    from pardec_cli.store.quantized import is_quantized_dir
+
+    weights = resolve_weights("auto", dtype=hardware.dtype, device=hardware.device,
+                              stored="q4" if is_quantized_dir(path) else None)  # fmt: skip
+    step = step_kind(hardware.dtype, weights, compiled=False)
+    usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
+    learned_curve = read_curve(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (
         "off (learn = false in config.toml, or PARDEC_LEARN=0)" if usage is None else
         f"{sum(len(rows) for by_label in usage.rows.values() for rows in by_label.values())} generations recorded "
-        f"in {learned_path()}"
+        f"in {learned_path()} ({step} steps)"
     )
     selector = AutoSelector(hardware, ModelInfo(name, shape, fingerprint, path, repo), profiles=load_profiles(),
-                            accelerators=accelerators, tuned=tuned, usage=usage, notes=notes)
+                            accelerators=accelerators, tuned=tuned, usage=usage, notes=notes,
+                            learned_curve=learned_curve)
     picks = {}
     for profile in selector.profiles:
         choice = selector.choose(None, profile)

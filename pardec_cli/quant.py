@@ -37,7 +37,6 @@ from torch import nn
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator
 
-WEIGHT_MODES = ("auto", "full", "int8", "int4")
 DEFAULT_GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block size, so imported codes pack as they are
 #: From this many rows (a long prompt's prefill) a quantized layer on CPU unpacks its
 #: weight and runs one dense GEMM instead of the packed kernel, which is slow at many rows
@@ -344,28 +343,3 @@ def weights_label(model: nn.Module) -> str:
         return "int8"
     return "full"
 
-
-# What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
-# for GGUF 4-bit blocks kept, None for dense); anything else is "full". In bfloat16, int4
-# over a model's own 4-bit blocks was fastest for one token and for a 16-token
-# verification; int8, and any packed kernel in float32, were slower than dense. The
-# measurement (devtools/measure_weights.py) is in docs/weights.md.
-AUTO_CPU: dict[tuple[str, str | None], str] = {("bfloat16", "q4"): "int4"}
-
-
-def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None) -> str:
-    """`--weights` -> "full", "int8" or "int4" for this device, dtype and stored form.
-
-    "auto" takes `AUTO_CPU` on a CPU and "full" elsewhere (the CUDA kernels are written
-    but not measured here). `stored` is "q4" for a model kept as GGUF 4-bit blocks
-    (`store.quantized`), None for dense weights.
-    """
-    from pardec_cli.errors import PardecUsageError
-
-    if weights not in WEIGHT_MODES:
-        raise PardecUsageError(f"unknown --weights {weights!r}", hint="use one of " + ", ".join(WEIGHT_MODES))
-    if weights != "auto":
-        return weights
-    if device == "cpu":
-        return AUTO_CPU.get((dtype, stored), "full")
-    return "full"

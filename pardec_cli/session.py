@@ -177,6 +177,7 @@ class Session:
             self.target = LanguageModel(model)
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self._notice = notice
         # Where the weights came from (None for a model built in memory): `auto` reads
         # tuned results and installed accelerators by them, and the heads are found by them.
         self.model_source, self.model_path, self.model_repo = model_source, model_path, model_repo
@@ -250,6 +251,14 @@ class Session:
 
         return isinstance(self.target, CompiledLanguageModel)
 
+    @property
+    def step_kind(self) -> str:
+        """What one decoding step is here, for what its cost depends on (learning from use
+        keeps the kinds apart): "bfloat16/int4/compiled"."""
+        from pardec_cli.selection.learned import step_kind
+
+        return step_kind(self.dtype, self.weights, self.compiled)
+
     def heads_key(self) -> str:
         """The folder name of this model's trained heads in pardec's store."""
         from pardec_cli.store.heads import model_key
@@ -305,8 +314,34 @@ class Session:
         if refresh or key not in self._auto_selectors:
             from pardec_cli.planning import build_selector
 
-            self._auto_selectors[key] = build_selector(self, key)
+            selector = build_selector(self, key)
+            if selector.measured_curve is None:
+                selector.learned_curve = self._learn_step_curve()
+            self._auto_selectors[key] = selector
         return self._auto_selectors[key]
+
+    def _learn_step_curve(self) -> Any:
+        """Measure what verifying n tokens costs with this session's steps, once per model,
+        machine and step kind, and keep it in learned.json (None with learning off).
+        Estimates miss what dominates some steps: torch's CPU int4 kernel computes rows
+        in tiles of 4, so 16 rows cost 3.3x one there, not the 1.2x AMX would suggest."""
+        from pardec_cli.selection.learned import learning_enabled, record_curve
+        from pardec_cli.selection.selector import session_model
+        from pardec_cli.tuning.curve import measure_step_curve
+
+        if not learning_enabled():
+            return None
+        if self._notice is not None:
+            self._notice(f"measuring the cost of verifying n tokens with {self.step_kind} steps (once, about a second)")
+        curve = measure_step_curve(self)
+        hardware, info = session_model(self)
+        from pardec_cli.errors import PardecError
+
+        try:
+            record_curve(info.fingerprint, hardware.key, self.step_kind, curve)
+        except (PardecError, OSError):
+            pass  # a read-only home, a busy lock: measured again next time
+        return curve
 
     def set_method(self, name: str, options: Mapping[str, Any] | None = None) -> None:
         """Switch the decoding method (validated; the old one stays if this fails).

@@ -11,7 +11,8 @@ from pardec_cli.selection.learned import Row, Usage, UsageKey, learned_path, lea
 from tests.cli_helpers import invoke
 from tests.test_chat_cli import tiny_session  # noqa: F401 - a fixture: a Session over a tiny model
 
-KEY = UsageKey("sha256:m", "cpu:AMD EPYC", "float32", "chat", "pld[num_draft=8]")
+STEP = "float32/full/eager"
+KEY = UsageKey("sha256:m", "cpu:AMD EPYC", STEP, "chat", "pld[num_draft=8]")
 
 
 def row(tokens_per_step: float = 2.0, step_s: float = 0.02, steps: int = 20, base_steps: int = 0,
@@ -25,14 +26,16 @@ def row(tokens_per_step: float = 2.0, step_s: float = 0.02, steps: int = 20, bas
 # -- the file ---------------------------------------------------------------------------
 
 
-def test_a_generation_is_one_row_under_its_model_machine_dtype_profile_and_method() -> None:
+def test_a_generation_is_one_row_under_its_model_machine_step_kind_profile_and_method() -> None:
     assert record_generation(KEY, row())
     data = json.loads(learned_path().read_text())
     assert list(data["entries"]) == [KEY.text()]
-    usage = read_usage("sha256:m", "cpu:AMD EPYC", "float32")
+    usage = read_usage("sha256:m", "cpu:AMD EPYC", STEP)
     assert usage.rows == {"chat": {"pld[num_draft=8]": [row()]}}
-    assert read_usage("sha256:m", "cpu:AMD EPYC", "bfloat16").rows == {}  # another dtype learns separately
-    assert read_usage("sha256:other", "cpu:AMD EPYC", "float32").rows == {}
+    # Another dtype, weights or runner learns separately: a compiled step costs half an eager one.
+    for other_step in ("bfloat16/full/eager", "float32/int4/eager", "float32/full/compiled"):
+        assert read_usage("sha256:m", "cpu:AMD EPYC", other_step).rows == {}
+    assert read_usage("sha256:other", "cpu:AMD EPYC", STEP).rows == {}
 
 
 def test_generations_too_short_to_say_anything_are_not_recorded() -> None:
@@ -45,21 +48,21 @@ def test_the_file_stays_small_recent_rows_and_recent_keys(monkeypatch: pytest.Mo
     monkeypatch.setattr(learned, "MAX_KEYS", 2)
     for step_s in (0.01, 0.02, 0.03, 0.04):
         record_generation(KEY, row(step_s=step_s), clock=1.0)
-    kept = read_usage("sha256:m", "cpu:AMD EPYC", "float32").rows["chat"]["pld[num_draft=8]"]
+    kept = read_usage("sha256:m", "cpu:AMD EPYC", STEP).rows["chat"]["pld[num_draft=8]"]
     assert [r.decode_s for r in kept] == [row(step_s=s).decode_s for s in (0.02, 0.03, 0.04)]
     other = UsageKey(*KEY.text().split("|")[:4], "suffix")
     third = UsageKey(*KEY.text().split("|")[:4], "vanilla")
     record_generation(other, row(), clock=2.0)
     record_generation(third, row(), clock=3.0)
-    assert set(read_usage("sha256:m", "cpu:AMD EPYC", "float32").rows["chat"]) == {"suffix", "vanilla"}
+    assert set(read_usage("sha256:m", "cpu:AMD EPYC", STEP).rows["chat"]) == {"suffix", "vanilla"}
 
 
 def test_a_broken_file_teaches_nothing_and_is_replaced_by_the_next_write() -> None:
     learned_path().parent.mkdir(parents=True, exist_ok=True)
     learned_path().write_text("{ not json")
-    assert read_usage("sha256:m", "cpu:AMD EPYC", "float32").rows == {}
+    assert read_usage("sha256:m", "cpu:AMD EPYC", STEP).rows == {}
     record_generation(KEY, row())
-    assert read_usage("sha256:m", "cpu:AMD EPYC", "float32").rows["chat"]
+    assert read_usage("sha256:m", "cpu:AMD EPYC", STEP).rows["chat"]
 
 
 def test_learning_is_on_unless_the_config_or_the_environment_turns_it_off(monkeypatch, tmp_path) -> None:
@@ -188,10 +191,77 @@ def test_generations_teach_auto_which_then_says_it_measured_here(tiny_cli_model,
         result = gen(tiny_cli_model, "--method", method, "-n", "48", "--json", CHAT_PROMPT)
         assert result.exit_code == 0, result.stderr
     entries = json.loads(learned_path().read_text())["entries"]
-    assert sorted(text.split("|")[3:] for text in entries) == [["chat", "pld"], ["chat", "vanilla"]]
+    assert sorted(text.split("|")[2:] for text in entries) == [[STEP, "chat", "pld"], [STEP, "chat", "vanilla"]]
     explained = gen(tiny_cli_model, "-n", "4", "--explain", CHAT_PROMPT)
     assert explained.exit_code == 0, explained.stderr
     measured = [line for line in explained.stderr.splitlines() if line.startswith("measured  ")]
     assert measured and "pld " in measured[0] and "over 2 runs (use)" in measured[0]
     doctor = invoke(["doctor", "-m", str(tiny_cli_model), "--dtype", "float32"])
-    assert "generations recorded in" in doctor.stdout and "measured pld: " in doctor.stdout
+    assert "generations recorded in" in doctor.stdout and f"({STEP} steps)" in doctor.stdout
+    assert "measured pld: " in doctor.stdout
+
+
+def test_a_session_names_its_step_kind_by_dtype_weights_and_runner(tiny_session) -> None:
+    from pardec_cli.session import Session
+
+    assert tiny_session.step_kind == "float32/full/eager"
+    int4 = Session(tiny_session.target.model, tiny_session.tokenizer, model_name="tiny", dtype="bfloat16", weights="int4")
+    assert int4.step_kind == "bfloat16/int4/eager"
+
+
+# -- the cost curve of this machine's steps ----------------------------------------------
+
+
+def test_a_measured_cost_curve_is_kept_per_step_kind_beside_the_rows() -> None:
+    from pardec_cli.selection.costmodel import CostCurve
+    from pardec_cli.selection.learned import read_curve, record_curve
+
+    curve = CostCurve.from_mapping({1: 10.0, 4: 14.4, 8: 21.7, 16: 34.4}, "measured here")
+    record_generation(KEY, row())
+    record_curve("sha256:m", "cpu:AMD EPYC", STEP, curve)
+    record_generation(KEY, row())  # a later row keeps the curve, the curve kept the rows
+    assert read_curve("sha256:m", "cpu:AMD EPYC", STEP) == curve
+    assert len(read_usage("sha256:m", "cpu:AMD EPYC", STEP).rows["chat"]["pld[num_draft=8]"]) == 2
+    assert read_curve("sha256:m", "cpu:AMD EPYC", "float32/full/compiled") is None
+    data = json.loads(learned_path().read_text())
+    data["curves"][f"sha256:m|cpu:AMD EPYC|{STEP}"]["ms"].pop("1")  # no n=1 point: not a curve
+    learned_path().write_text(json.dumps(data))
+    assert read_curve("sha256:m", "cpu:AMD EPYC", STEP) is None
+
+
+def test_a_measured_curve_outranks_the_estimate_and_tunes_curve_outranks_both() -> None:
+    from pardec_cli.selection.costmodel import CostCurve
+
+    selector = selector_with(Usage())
+    assert selector.measured_curve is None and selector.curve.source.startswith("estimated")
+    steep = CostCurve.from_mapping({1: 10.0, 16: 34.0}, "measured here")
+    selector.learned_curve = steep
+    assert selector.curve == steep
+    assert "measured here" in selector.choose("Tell me about the history of Rome.", "chat").explain()
+
+
+def test_auto_measures_this_machines_step_costs_once_and_later_sessions_read_them(tiny_session, monkeypatch) -> None:
+    from pardec_cli.selection.learned import read_curve
+    from pardec_cli.selection.selector import session_model
+    from pardec_cli.session import Session
+
+    monkeypatch.delenv("PARDEC_LEARN", raising=False)
+    notices: list[str] = []
+    session = Session(tiny_session.target.model, tiny_session.tokenizer, model_name="tiny", notice=notices.append)
+    curve = session.auto_selector().measured_curve
+    assert curve is not None and [n for n, _ in curve.points] == [1, 2, 4, 8, 16, 32]
+    assert len(notices) == 1 and "float32/full/eager" in notices[0]
+    hardware, info = session_model(session)
+    kept = read_curve(info.fingerprint, hardware.key, "float32/full/eager")
+    assert kept is not None and kept.points == tuple((n, round(ms, 3)) for n, ms in curve.points)
+    later = Session(tiny_session.target.model, tiny_session.tokenizer, model_name="tiny", notice=notices.append)
+    assert later.auto_selector().measured_curve == kept and len(notices) == 1  # read, not measured again
+
+
+def test_with_learning_off_auto_measures_nothing(tiny_session, monkeypatch) -> None:
+    from pardec_cli.session import Session
+
+    monkeypatch.setenv("PARDEC_LEARN", "0")
+    session = Session(tiny_session.target.model, tiny_session.tokenizer, model_name="tiny")
+    assert session.auto_selector().measured_curve is None
+    assert not learned_path().exists()

@@ -22,9 +22,9 @@ from torch import nn
 
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.quant import (
-    DENSE_FROM_ROWS, Int4Linear, Int8Head, Int8Linear, cpu_pack_block, quantize_head, quantize_linears,
-    resolve_weights, weights_label,
+    DENSE_FROM_ROWS, Int4Linear, Int8Head, Int8Linear, cpu_pack_block, quantize_head, quantize_linears, weights_label,
 )
+from pardec_cli.weight_modes import resolve_weights
 from tests.cli_helpers import invoke
 from tests.test_exactness import random_prompt, run
 from tests.tiny_models import peaked, tiny_llama

@@ -2,8 +2,9 @@
 
 Every generation that goes through `Session.stream` (gen, chat, bench, serve) ends with
 one call to `record_generation`, which appends a compact row to ``learned.json`` under
-pardec's home, keyed by model fingerprint, hardware key, dtype, task profile and method
-label. `--method auto` reads the rows for its model and machine (`read_usage`) and
+pardec's home, keyed by model fingerprint, hardware key, step kind (dtype, weights, eager
+or compiled: `step_kind`), task profile and method label. `--method auto` reads the rows
+for its model, machine and step kind (`read_usage`) and
 turns them into measured speed-ups (`Usage.measurements`), so a user who never runs
 `pardec tune` still gets choices fitted to this machine.
 
@@ -43,6 +44,7 @@ from typing import Any
 from pardec_cli import statefile
 from pardec_cli.home import pardec_home
 from pardec_cli.statefile import MapOf, Optional
+from pardec_cli.selection.costmodel import CostCurve
 
 FORMAT = 1
 WINDOW = 32  # rows kept per (model, hardware, dtype, profile, method): recent use counts
@@ -51,6 +53,12 @@ MIN_STEPS = 16  # shorter generations (warm-ups, one-line replies) say little ab
 ROW_FIELDS = ("tokens", "steps", "drafted", "decode_s", "propose_s", "verify_s", "base_steps", "base_s")
 _RESET = "delete it (pardec starts learning afresh), or set learn = false in config.toml"
 VANILLA = "vanilla"
+
+
+def step_kind(dtype: str, weights: str, compiled: bool) -> str:
+    """What a decoding step is, as far as its cost goes: "bfloat16/int4/compiled",
+    "float32/full/eager" (`Session.step_kind` for a loaded model)."""
+    return f"{dtype}/{weights}/{'compiled' if compiled else 'eager'}"
 
 
 def learned_path() -> Path:
@@ -86,16 +94,17 @@ def learning_enabled(config_file: Path | None = None) -> bool:
 
 @dataclass(frozen=True)
 class UsageKey:
-    """Where a row belongs: this model's weights on this machine in this dtype, a profile, a method."""
+    """Where a row belongs: this model's weights on this machine, run by this kind of step
+    (`step_kind`), a profile, a method."""
 
     fingerprint: str
     hardware: str  # Hardware.key
-    dtype: str
+    step: str  # step_kind(): a compiled int4 step costs half an eager one, so they learn apart
     profile: str
     label: str  # canonical method label, as tune writes it ("pld[num_draft=8]")
 
     def text(self) -> str:
-        return "|".join((self.fingerprint, self.hardware, self.dtype, self.profile, self.label))
+        return "|".join((self.fingerprint, self.hardware, self.step, self.profile, self.label))
 
     @classmethod
     def parse(cls, text: str) -> UsageKey | None:
@@ -233,16 +242,20 @@ def _row(value: Any) -> str | None:
 SCHEMA = {
     "format": lambda v: None if v == FORMAT else f"must be {FORMAT}, not {v!r}",
     "entries": MapOf(str, {"updated": float, "rows": [_row]}),
+    # Verification cost curves measured here, by "fingerprint|hardware|step kind".
+    "curves": Optional(MapOf(str, {"updated": float, "source": str, "ms": MapOf(str, float)})),
     "note": Optional(str),
 }  # fmt: skip
+NOTE = "what pardec learned from generations on this machine (learn = false stops it)"
 
 
 def _rows(raw: list[list[float]]) -> list[Row]:
     return [Row(int(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4]), float(r[5]), int(r[6]), float(r[7])) for r in raw]
 
 
-def read_usage(fingerprint: str, hardware: str, dtype: str, path: Path | None = None) -> Usage:
-    """The rows for this model, machine and dtype (empty when none, or the file is broken)."""
+def read_usage(fingerprint: str, hardware: str, step: str, path: Path | None = None) -> Usage:
+    """The rows for this model, machine and kind of step (`step_kind`; empty when none,
+    or the file is broken)."""
     try:
         data = statefile.read_json(path or learned_path(), SCHEMA, _RESET)
     except statefile.StateFileError:
@@ -250,7 +263,7 @@ def read_usage(fingerprint: str, hardware: str, dtype: str, path: Path | None = 
     usage = Usage()
     for text, entry in (data or {}).get("entries", {}).items():
         key = UsageKey.parse(text)
-        if key is None or (key.fingerprint, key.hardware, key.dtype) != (fingerprint, hardware, dtype):
+        if key is None or (key.fingerprint, key.hardware, key.step) != (fingerprint, hardware, step):
             continue
         usage.rows.setdefault(key.profile, {})[key.label] = _rows(entry["rows"])
     return usage
@@ -273,11 +286,47 @@ def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, cloc
         if len(entries) > MAX_KEYS:
             keep = sorted(entries, key=lambda k: -entries[k]["updated"])[:MAX_KEYS]
             entries = {k: entries[k] for k in keep}
-        return {"format": FORMAT, "note": "what pardec learned from generations on this machine (learn = false stops it)",
-                "entries": entries}
+        return {**(current or {}), "format": FORMAT, "note": NOTE, "entries": entries}
 
     statefile.update_json(path or learned_path(), change, SCHEMA, _RESET)
     return True
+
+
+def _curve_key(fingerprint: str, hardware: str, step: str) -> str:
+    return "|".join((fingerprint, hardware, step))
+
+
+def read_curve(fingerprint: str, hardware: str, step: str, path: Path | None = None) -> CostCurve | None:
+    """The verification cost curve measured for this model, machine and step kind (None:
+    never measured here, or the file is broken)."""
+    try:
+        data = statefile.read_json(path or learned_path(), SCHEMA, _RESET)
+    except statefile.StateFileError:
+        return None
+    found = ((data or {}).get("curves") or {}).get(_curve_key(fingerprint, hardware, step))
+    if not found:
+        return None
+    try:
+        return CostCurve.from_mapping({int(n): ms for n, ms in found["ms"].items()}, found["source"])
+    except ValueError:  # a hand-edited curve without its n=1 point: measured again
+        return None
+
+
+def record_curve(fingerprint: str, hardware: str, step: str, curve: CostCurve, *, path: Path | None = None) -> None:
+    """Keep `curve` (measured on this machine for this step kind) for later sessions."""
+    import time
+
+    def change(current: Mapping[str, Any] | None) -> dict[str, Any]:
+        curves = dict((current or {}).get("curves") or {})
+        curves[_curve_key(fingerprint, hardware, step)] = {
+            "updated": time.time(), "source": curve.source, "ms": {str(n): round(ms, 3) for n, ms in curve.points},
+        }  # fmt: skip
+        if len(curves) > MAX_KEYS:
+            keep = sorted(curves, key=lambda k: -curves[k]["updated"])[:MAX_KEYS]
+            curves = {k: curves[k] for k in keep}
+        return {"entries": {}, **(current or {}), "format": FORMAT, "note": NOTE, "curves": curves}
+
+    statefile.update_json(path or learned_path(), change, SCHEMA, _RESET)
 
 
 def forget(path: Path | None = None) -> bool:
@@ -312,12 +361,12 @@ class UsageRecorder:
         return self._enabled
 
     def where(self) -> tuple[str, str, str]:
-        """(fingerprint, hardware key, dtype) of the session's model here."""
+        """(fingerprint, hardware key, step kind) of the session's model here."""
         if self._where is None:
             from pardec_cli.selection.selector import session_model
 
             hardware, info = session_model(self.session)
-            self._where = (info.fingerprint, hardware.key, hardware.dtype)
+            self._where = (info.fingerprint, hardware.key, self.session.step_kind)
         return self._where
 
     def callback(self, proposer: Any, prompt_ids: Any, profile: str | None) -> Any:

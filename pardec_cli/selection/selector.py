@@ -426,6 +426,7 @@ class AutoSelector:
         notes: Sequence[str] = (),
         methods: Mapping[str, MethodSpec] | None = None,
         missing: str = "not a method of this pardec version",
+        learned_curve: CostCurve | None = None,
     ) -> None:
         self.hardware = hardware
         self.model = model
@@ -433,6 +434,9 @@ class AutoSelector:
         self.accelerators = list(accelerators)
         self.tuned = tuned
         self.usage = usage
+        #: The cost curve measured here for this step kind outside `pardec tune`
+        #: (`Session.auto_selector` measures it once and keeps it in learned.json).
+        self.learned_curve = learned_curve
         self.notes = tuple(notes)
         # The methods auto may choose (None: every registered one), and why the others
         # are skipped: `--engine vllm` passes the part of the registry vLLM runs.
@@ -444,7 +448,7 @@ class AutoSelector:
         """Everything about a loaded `Session`: hardware, installed accelerators (plus
         `drafters` given on the command line), profiles, the tuned results that match
         this model, device and dtype exactly, and what use measured for them."""
-        from pardec_cli.selection.learned import learning_enabled, read_usage
+        from pardec_cli.selection.learned import learning_enabled, read_curve, read_usage
         from pardec_cli.selection.profiles import load_profiles
         from pardec_cli.store.accelerators import installed_accelerators, local_path, sized_accelerator
         from pardec_cli.selection.tuned import find_results, unusable_results
@@ -459,15 +463,26 @@ class AutoSelector:
             accelerators.insert(0, sized_accelerator("drafter", ref, local_path(ref)))
         tuned = find_results(info.fingerprint, hardware.key, hardware.dtype)
         notes = unusable_results(info.name, info.fingerprint, hardware.key, hardware.dtype)
-        usage = read_usage(info.fingerprint, hardware.key, hardware.dtype) if learning_enabled() else None
+        learning = learning_enabled()
+        usage = read_usage(info.fingerprint, hardware.key, session.step_kind) if learning else None
+        curve = read_curve(info.fingerprint, hardware.key, session.step_kind) if learning else None
         return cls(hardware, info, profiles=load_profiles(), accelerators=accelerators, tuned=tuned, usage=usage,
-                   notes=notes)
+                   notes=notes, learned_curve=curve)
+
+    @property
+    def measured_curve(self) -> CostCurve | None:
+        """The verification cost curve measured on this machine: tune's, else the one
+        measured for this step kind by an earlier session; None when neither was."""
+        if self.tuned is not None and self.tuned.curve is not None:
+            return self.tuned.curve
+        return self.learned_curve
 
     @property
     def curve(self) -> CostCurve:
-        """The verification cost curve: tune's measured one, else estimated."""
-        if self.tuned is not None and self.tuned.curve is not None:
-            return self.tuned.curve
+        """The verification cost curve: measured (`measured_curve`), else estimated."""
+        measured = self.measured_curve
+        if measured is not None:
+            return measured
         return estimated_curve(device_estimate(self.hardware), self.model.shape, self.hardware.dtype)
 
     def measured(self, profile: str) -> list[Measurement]:
@@ -477,7 +492,8 @@ class AutoSelector:
         if tuned_profile is not None:
             found += tuned_measurements(tuned_profile)
         if self.usage is not None:
-            base = self.tuned.curve.base_ms if self.tuned is not None and self.tuned.curve is not None else None
+            measured_curve = self.measured_curve
+            base = measured_curve.base_ms if measured_curve is not None else None
             found += self.usage.measurements(profile, curve_base_ms=base)
         return found
 
@@ -534,7 +550,7 @@ class AutoSelector:
             measured=self.measured(profile),
             discount=factor,
             discount_basis=why,
-            curve=self.tuned.curve if self.tuned else None,
+            curve=self.measured_curve,
             methods=self.methods,
             missing=self.missing,
         )

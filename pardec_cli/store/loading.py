@@ -176,7 +176,7 @@ def load_model(
     `device` a resolved device ("cpu", "cuda", "cuda:1", "mps"). `weights` says how the
     decoder's linear layers hold their weights: "full" (dense in `dtype`), "int8",
     "int4" (`pardec_cli.quant`; on a CPU the output head's logits then go through
-    `quant.Int8Head`), or "auto" (`pardec_cli.quant.resolve_weights`). A
+    `quant.Int8Head`), or "auto" (`pardec_cli.weight_modes.resolve_weights`). A
     directory stored with a GGUF file's blocks kept (`store.quantized`) loads from
     them: exactly dequantized for "full", its 4-bit codes packed directly for "int4".
     The model uses SDPA
@@ -186,7 +186,8 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pardec_cli.quant import quantize_head, quantize_linears, resolve_weights
+    from pardec_cli.quant import quantize_head, quantize_linears
+    from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
     path = Path(path)

@@ -57,3 +57,20 @@ def measure_curve(
                 on_point(done, len(order))
     day = time.strftime("%Y-%m-%d")
     return CostCurve.from_mapping(best, f"measured by pardec tune on {day}, {len(context)}-token context")
+
+
+#: Where `measure_step_curve` measures (as `pardec tune`: a realistic decoding position)
+#: and at which sizes: the draft sizes auto weighs, in whole row tiles (`engine.proposal.fit_to_tiles`).
+STEP_CURVE_CONTEXT_TOKENS = 300
+STEP_CURVE_POINTS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+_CONTEXT_TEXT = ("The quick brown fox jumps over the lazy dog while the farmer counts his sheep, "
+                 "and the river carries the last leaves of autumn down to the sea. ")  # fmt: skip
+
+
+def measure_step_curve(session: Any, *, repeats: int = 2) -> CostCurve:
+    """The cost curve of `session`'s own steps (its runner, dtype and weights), measured in
+    about a second: for `--method auto` where `pardec tune` never ran (`Session.auto_selector`)."""
+    context = session.encode(_CONTEXT_TEXT * (STEP_CURVE_CONTEXT_TOKENS // 20 + 1), raw=True)[:STEP_CURVE_CONTEXT_TOKENS]
+    curve = measure_curve(session, context, points=STEP_CURVE_POINTS, repeats=repeats)
+    day = time.strftime("%Y-%m-%d")
+    return CostCurve(curve.points, f"measured on {day} by the first auto run of these {session.step_kind} steps")

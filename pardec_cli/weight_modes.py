@@ -1,0 +1,31 @@
+"""Which weights `--weights` means on this device: a torch-free leaf (doctor reads it
+without loading torch; `quant` holds the layers themselves)."""
+
+from __future__ import annotations
+
+WEIGHT_MODES = ("auto", "full", "int8", "int4")
+
+# What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
+# for GGUF 4-bit blocks kept, None for dense); anything else is "full". In bfloat16, int4
+# over a model's own 4-bit blocks was fastest for one token and for a 16-token
+# verification; int8, and any packed kernel in float32, were slower than dense. The
+# measurement (devtools/measure_weights.py) is in docs/weights.md.
+AUTO_CPU: dict[tuple[str, str | None], str] = {("bfloat16", "q4"): "int4"}
+
+
+def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None) -> str:
+    """`--weights` -> "full", "int8" or "int4" for this device, dtype and stored form.
+
+    "auto" takes `AUTO_CPU` on a CPU and "full" elsewhere (the CUDA kernels are written
+    but not measured here). `stored` is "q4" for a model kept as GGUF 4-bit blocks
+    (`store.quantized`), None for dense weights.
+    """
+    from pardec_cli.errors import PardecUsageError
+
+    if weights not in WEIGHT_MODES:
+        raise PardecUsageError(f"unknown --weights {weights!r}", hint="use one of " + ", ".join(WEIGHT_MODES))
+    if weights != "auto":
+        return weights
+    if device == "cpu":
+        return AUTO_CPU.get((dtype, stored), "full")
+    return "full"
