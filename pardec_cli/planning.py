@@ -149,9 +149,10 @@ def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str,
     With `adapt` on (the default) as method `adaptive`, whose arms are the choice at two
     sizes and plain decoding: the choice runs first and keeps running while it measures
     fastest. When auto expects nothing to beat plain decoding, plain decoding runs first
-    and the best other candidate gets a chance to prove the estimate wrong.
+    and the best other candidate gets a chance to prove the estimate wrong, at a size
+    whose junk drafts cost little (`methods.adaptive.challenger_arm`).
     """
-    from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, arms_for
+    from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, arms_for, challenger_arm
     from pardec_cli.methods.options import resolve_options
     from pardec_cli.methods.registry import AUTO_OPTIONS
 
@@ -162,7 +163,7 @@ def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str,
         other = next((e for e in choice.ranking if e.method != "vanilla"), None)
         if other is None:
             return method, knobs, []
-        arms = ["vanilla", arm_label(other.method, other.knobs)]
+        arms = ["vanilla", challenger_arm(other.method, dict(other.knobs), choice.curve.relative)]
     else:
         arms = arms_for(method, knobs)
     line = (f"adapt     while decoding, switch among {', '.join(arms)} by measured tokens/s "

@@ -315,7 +315,7 @@ class Session:
             from pardec_cli.planning import build_selector
 
             selector = build_selector(self, key)
-            if selector.measured_curve is None:
+            if selector.learned_curve is None:
                 selector.learned_curve = self._learn_step_curve()
             self._auto_selectors[key] = selector
         return self._auto_selectors[key]

@@ -18,6 +18,7 @@ from pardec_cli.engine.loop import decode
 from pardec_cli.engine.sampling import SamplingParams
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods import registry
+from pardec_cli.selection.costmodel import CostCurve
 from pardec_cli.methods.adaptive import SwitchPolicy, arms_for, parse_arms
 from pardec_cli.planning import auto_method
 from tests.cli_helpers import invoke
@@ -325,8 +326,11 @@ def test_arms_are_the_choice_at_its_size_and_half_of_it_then_plain_decoding():
         ("layerskip[layer_list=0-5,8,k=2]", "layerskip", {"layer_list": "0-5,8", "k": "2"}), ("vanilla", "vanilla", {})]
 
 
-def choice(method, knobs, ranking=()):
-    return SimpleNamespace(method=method, knobs=knobs, ranking=tuple(ranking))
+FLAT = CostCurve.from_mapping({1: 10.0, 64: 12.0}, "a GPU: 64 tokens verify for 1.2x one")
+
+
+def choice(method, knobs, ranking=(), curve=FLAT):
+    return SimpleNamespace(method=method, knobs=knobs, ranking=tuple(ranking), curve=curve)
 
 
 def test_auto_runs_its_choice_adaptively_unless_adapt_is_off():
@@ -342,6 +346,24 @@ def test_when_auto_expects_nothing_to_pay_plain_decoding_runs_first_and_the_best
     ranking = [SimpleNamespace(method="vanilla", knobs={}), SimpleNamespace(method="pld", knobs={"num_draft": 4})]
     assert auto_method(choice("vanilla", {}, ranking), {})[:2] == ("adaptive", {"arms": "vanilla | pld[num_draft=4]"})
     assert auto_method(choice("vanilla", {}, ranking[:1]), {})[:2] == ("vanilla", {})
+
+
+def test_the_challenger_of_plain_decoding_drafts_only_as_much_as_junk_can_cheaply_cost():
+    # Measured on a 2-core AMX Xeon, int4 weights, compiled step: rows of 4 per tile.
+    tiles = CostCurve.from_mapping({1: 10.3, 2: 13.4, 4: 14.4, 8: 21.7, 16: 34.4, 32: 55.8}, "measured")
+    eager = CostCurve.from_mapping({1: 17.8, 2: 20.1, 4: 22.4, 8: 29.4, 16: 42.2}, "measured")
+    ranking = [SimpleNamespace(method="vanilla", knobs={}), SimpleNamespace(method="suffix", knobs={"max_nodes": 16})]
+    arms = {name: auto_method(choice("vanilla", {}, ranking, curve), {})[1]["arms"]
+            for name, curve in (("flat", FLAT), ("tiles", tiles), ("eager", eager))}
+    assert arms == {
+        "flat": "vanilla | suffix[max_nodes=16]",  # a junk 16-node draft costs 1.0x a step
+        "tiles": "vanilla | suffix[max_nodes=4]",  # none costs <= 1.5x: the smallest share
+        "eager": "vanilla | suffix[max_nodes=4]",  # 5 rows: 1.36x
+    }
+    combined = [ranking[0], SimpleNamespace(method="suffix+recycling",
+                                            knobs={"suffix.max_nodes": 16, "recycling.nodes": 16})]
+    assert auto_method(choice("vanilla", {}, combined, eager), {})[1]["arms"] == \
+        "vanilla | suffix+recycling[recycling.nodes=4,suffix.max_nodes=4]"
 
 
 # -- through the CLI ----------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -229,11 +230,14 @@ def test_a_measured_cost_curve_is_kept_per_step_kind_beside_the_rows() -> None:
     assert read_curve("sha256:m", "cpu:AMD EPYC", STEP) is None
 
 
-def test_a_measured_curve_outranks_the_estimate_and_tunes_curve_outranks_both() -> None:
+def test_the_curve_measured_for_this_step_kind_outranks_tunes_which_outranks_the_estimate() -> None:
     from pardec_cli.selection.costmodel import CostCurve
 
     selector = selector_with(Usage())
     assert selector.measured_curve is None and selector.curve.source.startswith("estimated")
+    tuned = CostCurve.from_mapping({1: 10.0, 16: 20.0}, "measured by pardec tune (compiled steps)")
+    selector.tuned = SimpleNamespace(curve=tuned, profiles={})
+    assert selector.curve == tuned
     steep = CostCurve.from_mapping({1: 10.0, 16: 34.0}, "measured here")
     selector.learned_curve = steep
     assert selector.curve == steep

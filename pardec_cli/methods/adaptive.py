@@ -48,6 +48,9 @@ DECAY = 0.85
 STALE = 0.25
 # The sizes auto's choice runs at, as shares of the size it chose (plus plain decoding).
 SIZES = (1.0, 0.5)
+#: See `challenger_arm`.
+CHALLENGER_SHARES = (1.0, 0.5, 0.25)
+CHALLENGER_MAX_COST = 1.5
 
 
 # An arm that can be dry-run (`Proposer.dry_runs`) drafts, unverified, at most every this
@@ -361,27 +364,45 @@ def arm_label(method: str, knobs: dict[str, Any]) -> str:
     return f"{method}[{text}]"
 
 
+def sized_knobs(method: str, knobs: dict[str, Any], share: float) -> tuple[dict[str, Any], int | None]:
+    """`knobs` with each part's size knob (`MethodSpec.size_option`) at `share` of its value
+    (at least 1), and the largest size that gives (None: the method has no size knob)."""
+    from pardec_cli.methods.registry import get_spec
+
+    sized, largest = dict(knobs), None
+    for part in method.split("+"):
+        option = get_spec(part).size_option
+        if option is None:
+            continue
+        key = f"{part}.{option}" if "+" in method else option
+        current = sized.get(key, sized.get(option))
+        if current is None:
+            current = next(o.default for o in get_spec(part).options if o.name == option)
+        size = int(current) if share == 1 else max(1, round(int(current) * share))
+        if share != 1:
+            sized[key] = size
+        largest = size if largest is None else max(largest, size)
+    return sized, largest
+
+
 def arms_for(method: str, knobs: dict[str, Any], sizes: Sequence[float] = SIZES) -> list[str]:
     """The arms that check one configuration while decoding: it at each of `sizes` (shares
     of its size knob, `MethodSpec.size_option`; repeats dropped) and plain decoding."""
-    from pardec_cli.methods.registry import get_spec
-
     if method == "vanilla":
         return ["vanilla"]
-    arms = []
-    for share in sizes:
-        if share == 1:
-            arms.append(arm_label(method, knobs))
-            continue
-        sized = dict(knobs)
-        for part in method.split("+"):
-            option = get_spec(part).size_option
-            if option is None:
-                continue
-            key = f"{part}.{option}" if "+" in method else option
-            current = sized.get(key, sized.get(option))
-            if current is None:
-                current = next(o.default for o in get_spec(part).options if o.name == option)
-            sized[key] = max(1, round(int(current) * share))
-        arms.append(arm_label(method, sized))
+    arms = [arm_label(method, knobs if share == 1 else sized_knobs(method, knobs, share)[0]) for share in sizes]
     return [*dict.fromkeys(arms), "vanilla"]
+
+
+def challenger_arm(method: str, knobs: dict[str, Any], relative_cost: Callable[[float], float]) -> str:
+    """The arm that challenges plain decoding when auto expects nothing to beat it: the
+    configuration at the largest of `CHALLENGER_SHARES` of its size whose verification
+    costs at most `CHALLENGER_MAX_COST` plain steps (`relative_cost(rows)`, the cost
+    curve), else at the smallest. Its drafts are likely junk (that is why plain decoding
+    leads), and a junk 16-node draft costs 3.2 steps on a CPU whose int4 kernel works in
+    tiles of 4 rows."""
+    for share in CHALLENGER_SHARES:
+        sized, size = sized_knobs(method, knobs, share)
+        if size is None or relative_cost(1 + size) <= CHALLENGER_MAX_COST:
+            return arm_label(method, sized)
+    return arm_label(method, sized_knobs(method, knobs, CHALLENGER_SHARES[-1])[0])

@@ -471,11 +471,13 @@ class AutoSelector:
 
     @property
     def measured_curve(self) -> CostCurve | None:
-        """The verification cost curve measured on this machine: tune's, else the one
-        measured for this step kind by an earlier session; None when neither was."""
-        if self.tuned is not None and self.tuned.curve is not None:
-            return self.tuned.curve
-        return self.learned_curve
+        """The verification cost curve measured on this machine: the one measured for
+        this very kind of step (`learned_curve`: by tune or by an earlier auto run), else
+        tune's (its step may have been compiled where this one is eager); None when
+        neither was."""
+        if self.learned_curve is not None:
+            return self.learned_curve
+        return self.tuned.curve if self.tuned is not None else None
 
     @property
     def curve(self) -> CostCurve:

@@ -216,6 +216,7 @@ class Tuner:
             self.on_event(TuneEvent("stage", message="cost curve"))
             self.results.curve = self._measure_curve()
             self._save()
+            self._share_curve(self.results.curve)
         curve = self.results.curve
         for index, name in enumerate(todo):
             left = self.request.budget_s - (self.clock() - started)
@@ -235,6 +236,21 @@ class Tuner:
                                     "`pardec tune --reset` to measure again"))
             return True
         return False
+
+    def _share_curve(self, curve: CostCurve) -> None:
+        """Keep the curve for later sessions with the same kind of step too (learned.json:
+        tune's results are not keyed by step kind, a compiled tune and an eager `gen` differ)."""
+        from pardec_cli.errors import PardecError
+        from pardec_cli.selection.learned import learning_enabled, record_curve
+        from pardec_cli.selection.selector import session_model
+
+        if not learning_enabled():
+            return
+        hardware, info = session_model(self.session)
+        try:
+            record_curve(info.fingerprint, hardware.key, self.session.step_kind, curve)
+        except (PardecError, OSError):
+            pass  # tune's own results keep it anyway
 
     def _measure_curve(self) -> CostCurve:
         from pardec_cli.tuning.curve import measure_curve
