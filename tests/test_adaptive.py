@@ -119,6 +119,21 @@ def test_a_dry_run_is_charged_the_cost_of_a_step_of_its_own_draft_size():
     assert only_large.costs.estimate(0) is None and only_large.costs.estimate(4) is None
 
 
+def test_a_probe_lasts_probe_plain_steps_worth_of_an_arms_steps_when_its_dry_runs_go_on_scoring_it():
+    policy = SwitchPolicy(2, dwell=4, probe=3, reprobe=1000, margin=0.05, dry=[True, True])
+    assert policy._probe_steps(0) == 3  # nothing timed yet
+    for _ in range(4):
+        policy.observe(0, 2, 0.32, drafted=16)  # arm 0 drafts 16 nodes: 3.2 plain steps
+        policy.observe(1, 1, 0.1, drafted=0)
+    assert (policy._probe_steps(0), policy._probe_steps(1)) == (1, 3)
+    policy.reset()  # a new generation: arm 0, the incumbent, probes first, once
+    assert drive(policy, 4, lambda arm, step: (2, 0.32) if arm == 0 else (1, 0.1))[:2] == [0, 1]
+    not_dry = SwitchPolicy(2, dwell=4, probe=3, reprobe=1000, margin=0.05)
+    not_dry.observe(0, 2, 0.32, drafted=16)
+    not_dry.observe(1, 1, 0.1, drafted=0)
+    assert not_dry._probe_steps(0) == 3  # nothing scores it while idle: the full probe
+
+
 def test_a_dry_run_arm_is_still_timed_again_now_and_then():
     policy = SwitchPolicy(2, dwell=4, probe=2, reprobe=5, margin=0.05, dry=[True, True])
     ran = drive(policy, 80, lambda arm, step: (1, 0.3) if arm == 0 else (1, 0.1))

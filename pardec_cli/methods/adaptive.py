@@ -144,8 +144,10 @@ class SwitchPolicy:
         self.size, self.dwell, self.probe, self.reprobe, self.margin, self.decay = arms, dwell, probe, reprobe, margin, decay
         # Arms whose tokens per step are also observed while idle (dry runs): re-probed rarely.
         self.dry = tuple(dry) or (False,) * arms
-        # Step costs are the machine's, not the text's: kept across generations.
+        # Step costs are the machine's, not the text's: kept across generations; so is the
+        # size each arm drafted last (what its probe will cost).
         self.costs = StepCosts(decay)
+        self.drafts: list[int | None] = [None] * arms
         self.reset()
 
     def reset(self) -> None:
@@ -170,10 +172,12 @@ class SwitchPolicy:
         self._add(arm, tokens, seconds)
         self.costs.add(drafted, seconds)
         self.stats[arm].steps += 1
+        self.drafts[arm] = drafted
 
     def observe_dry(self, arm: int, tokens: int, drafted: int) -> None:
         """Idle `arm`'s unverified draft of `drafted` nodes would have emitted `tokens`
         tokens (ignored while no step of that size was timed)."""
+        self.drafts[arm] = drafted
         seconds = self.costs.estimate(drafted)
         if seconds is not None:
             self._add(arm, tokens, seconds)
@@ -188,7 +192,7 @@ class SwitchPolicy:
         """(arm, steps to run it) at the end of a run."""
         for i, s in enumerate(self.stats):
             if s.steps == 0 and s.dry_runs == 0:  # measure every arm briefly (a scored dry run will do), the incumbent first
-                return i, self.probe
+                return i, self._probe_steps(i)
         best = max(range(self.size), key=lambda i: self.stats[i].rate)
         if self.stats[best].rate > self.stats[self.incumbent].rate * (1 + self.margin):
             self.incumbent = best
@@ -201,8 +205,18 @@ class SwitchPolicy:
             if not self.dry[arm]:  # its evidence is old: let the probe's steps weigh more
                 self.stats[arm].tokens *= STALE
                 self.stats[arm].seconds *= STALE
-            return arm, self.probe
+            return arm, self._probe_steps(arm)
         return self.incumbent, self.dwell
+
+    def _probe_steps(self, arm: int) -> int:
+        """`probe` plain steps' worth of `arm`'s steps, at least one, for an arm whose dry
+        runs go on scoring it while idle and whose usual step cost is known (a 16-node
+        step that costs 3.2 plain ones probes once, not 3 times); else `probe` steps."""
+        drafted, plain = self.drafts[arm], self.costs.estimate(0)
+        own = self.costs.estimate(drafted) if drafted is not None else None
+        if not self.dry[arm] or own is None or plain is None:
+            return self.probe
+        return max(1, round(self.probe * plain / own))
 
 
 class Adaptive(ProposerBase):
