@@ -254,7 +254,10 @@ def test_real_llama_cpp_on_the_embedded_gguf_continues_like_pardec(embedded_pard
 
     monkeypatch.setenv("PARDEC_HOME", str(embedded_pardec_home))
     session = Session.load(None, dtype="float32", device="cpu", offline=True)
-    ids = session.encode("Count from one to twenty, separated by commas.")
+    # A question the model answers with confidence: "Count from one to twenty" got a
+    # low-confidence answer that llama.cpp's int8-activation kernels on an AMX Xeon
+    # continued differently from the second token.
+    ids = session.encode("What is the capital of France?")
     ours = session.generate(ids, max_new_tokens=12).token_ids
     with LlamaCpp(find_gguf(session.model_name, source=session.model_source, path=session.model_path),
                   n_ctx=256, n_threads=2) as engine:
