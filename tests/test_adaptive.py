@@ -379,6 +379,12 @@ def test_the_challenger_of_plain_decoding_drafts_only_as_much_as_junk_can_cheapl
                                             knobs={"suffix.max_nodes": 16, "recycling.nodes": 16})]
     assert auto_method(choice("vanilla", {}, combined, eager), {})[1]["arms"] == \
         "vanilla | suffix+recycling[recycling.nodes=4,suffix.max_nodes=4]"
+    # A choice's smaller arm: half its size, or a quarter where half costs over 1.5 steps.
+    suffix16 = {"max_nodes": 16}
+    assert auto_method(choice("suffix", suffix16, curve=FLAT), {})[1]["arms"] == \
+        "suffix[max_nodes=16] | suffix[max_nodes=8] | vanilla"
+    assert auto_method(choice("suffix", suffix16, curve=tiles), {})[1]["arms"] == \
+        "suffix[max_nodes=16] | suffix[max_nodes=4] | vanilla"
 
 
 # -- through the CLI ----------------------------------------------------------------------

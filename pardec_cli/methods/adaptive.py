@@ -48,8 +48,9 @@ DECAY = 0.85
 STALE = 0.25
 # The sizes auto's choice runs at, as shares of the size it chose (plus plain decoding).
 SIZES = (1.0, 0.5)
-#: See `challenger_arm`.
+#: See `challenger_arm`: the challenger of plain decoding, and the smaller arm of a choice.
 CHALLENGER_SHARES = (1.0, 0.5, 0.25)
+SMALLER_SHARES = (0.5, 0.25)
 CHALLENGER_MAX_COST = 1.5
 
 
@@ -408,15 +409,16 @@ def arms_for(method: str, knobs: dict[str, Any], sizes: Sequence[float] = SIZES)
     return [*dict.fromkeys(arms), "vanilla"]
 
 
-def challenger_arm(method: str, knobs: dict[str, Any], relative_cost: Callable[[float], float]) -> str:
-    """The arm that challenges plain decoding when auto expects nothing to beat it: the
-    configuration at the largest of `CHALLENGER_SHARES` of its size whose verification
-    costs at most `CHALLENGER_MAX_COST` plain steps (`relative_cost(rows)`, the cost
-    curve), else at the smallest. Its drafts are likely junk (that is why plain decoding
-    leads), and a junk 16-node draft costs 3.2 steps on a CPU whose int4 kernel works in
-    tiles of 4 rows."""
-    for share in CHALLENGER_SHARES:
+def challenger_arm(method: str, knobs: dict[str, Any], relative_cost: Callable[[float], float],
+                   shares: Sequence[float] = CHALLENGER_SHARES) -> str:  # fmt: skip
+    """A cheap arm of this configuration: at the largest of `shares` of its size whose
+    verification costs at most `CHALLENGER_MAX_COST` plain steps (`relative_cost(rows)`,
+    the cost curve), else at the smallest. It challenges plain decoding when auto expects
+    nothing to beat it (its drafts are likely junk), and is the smaller arm of auto's
+    choice: a junk 16-node draft costs 3.2 steps on a CPU whose int4 kernel works in
+    tiles of 4 rows, 1.0 on a GPU."""
+    for share in shares:
         sized, size = sized_knobs(method, knobs, share)
         if size is None or relative_cost(1 + size) <= CHALLENGER_MAX_COST:
             return arm_label(method, sized)
-    return arm_label(method, sized_knobs(method, knobs, CHALLENGER_SHARES[-1])[0])
+    return arm_label(method, sized_knobs(method, knobs, shares[-1])[0])
