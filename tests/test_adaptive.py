@@ -19,7 +19,7 @@ from pardec_cli.engine.sampling import SamplingParams
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods import registry
 from pardec_cli.selection.costmodel import CostCurve
-from pardec_cli.methods.adaptive import SwitchPolicy, arms_for, parse_arms
+from pardec_cli.methods.adaptive import SwitchPolicy, parse_arms, sized_knobs
 from pardec_cli.planning import auto_method
 from tests.cli_helpers import invoke
 from tests.stats_helpers import chi_square_p_value
@@ -329,14 +329,17 @@ def test_stats_count_switches_and_time_per_arm():
 
 
 def test_arms_are_the_choice_at_its_size_and_half_of_it_then_plain_decoding():
-    assert arms_for("pld", {"num_draft": 8}) == ["pld[num_draft=8]", "pld[num_draft=4]", "vanilla"]
-    assert arms_for("recycling", {}) == ["recycling", "recycling[nodes=16]", "vanilla"]
-    assert arms_for("suffix+recycling", {"recycling.depth": 4, "recycling.nodes": 8, "suffix.max_nodes": 8}) == [
-        "suffix+recycling[recycling.depth=4,recycling.nodes=8,suffix.max_nodes=8]",
-        "suffix+recycling[recycling.depth=4,recycling.nodes=4,suffix.max_nodes=4]",
-        "vanilla",
-    ]
-    assert arms_for("pld", {"num_draft": 1}) == ["pld[num_draft=1]", "vanilla"]
+    def arms(method, knobs):
+        return auto_method(choice(method, knobs), {})[1]["arms"]
+
+    assert arms("pld", {"num_draft": 8}) == "pld[num_draft=8] | pld[num_draft=4] | vanilla"
+    assert arms("recycling", {}) == "recycling | recycling[nodes=16] | vanilla"  # half the default 32
+    assert arms("suffix+recycling", {"recycling.depth": 4, "recycling.nodes": 8, "suffix.max_nodes": 8}) == (
+        "suffix+recycling[recycling.depth=4,recycling.nodes=8,suffix.max_nodes=8] | "
+        "suffix+recycling[recycling.depth=4,recycling.nodes=4,suffix.max_nodes=4] | vanilla"
+    )
+    assert arms("pld", {"num_draft": 1}) == "pld[num_draft=1] | vanilla"
+    assert sized_knobs("vanilla", {}, 0.5) == ({}, None)  # no size knob: nothing to scale
     assert parse_arms("layerskip[layer_list=0-5,8,k=2] | vanilla") == [
         ("layerskip[layer_list=0-5,8,k=2]", "layerskip", {"layer_list": "0-5,8", "k": "2"}), ("vanilla", "vanilla", {})]
 

@@ -47,7 +47,6 @@ DECAY = 0.85
 # moved on since it was measured (a translation that turns to copying names).
 STALE = 0.25
 # The sizes auto's choice runs at, as shares of the size it chose (plus plain decoding).
-SIZES = (1.0, 0.5)
 #: See `challenger_arm`: the challenger of plain decoding, and the smaller arm of a choice.
 CHALLENGER_SHARES = (1.0, 0.5, 0.25)
 SMALLER_SHARES = (0.5, 0.25)
@@ -398,15 +397,6 @@ def sized_knobs(method: str, knobs: dict[str, Any], share: float) -> tuple[dict[
             sized[key] = size
         largest = size if largest is None else max(largest, size)
     return sized, largest
-
-
-def arms_for(method: str, knobs: dict[str, Any], sizes: Sequence[float] = SIZES) -> list[str]:
-    """The arms that check one configuration while decoding: it at each of `sizes` (shares
-    of its size knob, `MethodSpec.size_option`; repeats dropped) and plain decoding."""
-    if method == "vanilla":
-        return ["vanilla"]
-    arms = [arm_label(method, knobs if share == 1 else sized_knobs(method, knobs, share)[0]) for share in sizes]
-    return [*dict.fromkeys(arms), "vanilla"]
 
 
 def challenger_arm(method: str, knobs: dict[str, Any], relative_cost: Callable[[float], float],

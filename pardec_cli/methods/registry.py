@@ -41,7 +41,7 @@ class MethodSpec:
     accelerator_option: str | None = None
     combinable: bool = False  # drafts deterministically without a second model: may join a `+` combination
     # The knob that sets how many tokens a step verifies (nodes, draft length): adaptive
-    # decoding runs auto's choice at a few values of it (`methods.adaptive.arms_for`).
+    # decoding runs auto's choice at a few values of it (`methods.adaptive.sized_knobs`).
     size_option: str | None = None
 
 
