@@ -493,6 +493,24 @@ async def test_a_model_that_fails_to_load_shows_the_error_and_another_can_be_pic
         assert len(replies(app)) == 1
 
 
+async def test_a_load_that_fails_while_the_app_closes_is_not_an_error() -> None:
+    # The loader runs in a worker thread: its failure can arrive after the chat screen is gone.
+    from pardec_cli.tui.app import ModelFailed
+
+    release = threading.Event()
+
+    def load(spec: str | None) -> ScriptedSession:
+        release.wait(10)
+        raise ModelNotFoundError("gone")
+
+    app = make_app(loader=load)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+    release.set()
+    app.on_model_failed(ModelFailed(None, "gone"))  # what the worker posts, after the app closed
+    assert not app.loading
+
+
 async def test_a_failed_model_switch_keeps_the_model_in_use() -> None:
     session = ScriptedSession()
 

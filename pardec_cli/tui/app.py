@@ -262,7 +262,9 @@ class ChatApp(App[None]):
             text, busy = "no model loaded: F3 picks one · " + " · ".join(parts[1:]), False
         else:
             text, busy = " · ".join(parts), False
-        self.query_one(StatusBar).show(text, busy=busy)
+        bars = self.query(StatusBar)
+        if bars:  # none while the app closes (a load that fails as it quits reports late)
+            bars.first().show(text, busy=busy)
         self.sub_title = self.session.model_name if self.session is not None else ""
 
     # -- the model --------------------------------------------------------------------
@@ -300,6 +302,8 @@ class ChatApp(App[None]):
         self.loading = False
         if self.session is not None:  # a switch failed: the model already loaded stays in use
             self.model_spec = self.session.model_name
+        if not self.query(StatusBar):  # the app is closing: nobody to tell
+            return
         self._refresh_status()
         name = message.spec or "the embedded model"
         self.push_screen(
