@@ -324,7 +324,7 @@ class Session:
         """Measure what verifying n tokens costs with this session's steps, once per model,
         machine and step kind, and keep it in learned.json (None with learning off).
         Estimates miss what dominates some steps: torch's CPU int4 kernel computes rows
-        in tiles of 4, so 16 rows cost 3.3x one there, not the 1.2x AMX would suggest."""
+        in tiles of 4, so 16 rows cost 3.2x one there, not the 1.2x AMX would suggest."""
         from pardec_cli.selection.learned import learning_enabled, record_curve
         from pardec_cli.selection.selector import session_model
         from pardec_cli.tuning.curve import measure_step_curve
