@@ -149,7 +149,7 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
     from pardec_cli.selection.selector import AutoSelector, ModelInfo
     from pardec_cli.store.accelerators import installed_accelerators
     from pardec_cli.store.inventory import config_summary
-    from pardec_cli.selection.learned import learned_path, learning_enabled, read_curve, read_usage, step_kind
+    from pardec_cli.selection.learned import learned_path, learning_enabled, read_usage, step_kind
     from pardec_cli.selection.tuned import find_results, fingerprint_directory, unusable_results
 
     name, path, repo = find_model(spec)
@@ -183,7 +183,6 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
                               stored="q4" if is_quantized_dir(path) else None)  # fmt: skip
     step = step_kind(hardware.dtype, weights, compiled=False)
     usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
-    learned_curve = read_curve(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (
         "off (learn = false in config.toml, or PARDEC_LEARN=0)" if usage is None else
         f"{sum(len(rows) for by_label in usage.rows.values() for rows in by_label.values())} generations recorded "
@@ -191,7 +190,7 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
     )
     selector = AutoSelector(hardware, ModelInfo(name, shape, fingerprint, path, repo), profiles=load_profiles(),
                             accelerators=accelerators, tuned=tuned, usage=usage, notes=notes,
-                            learned_curve=learned_curve)
+                            learned_curve=usage.curve if usage is not None else None)
     picks = {}
     for profile in selector.profiles:
         choice = selector.choose(None, profile)
@@ -249,8 +248,6 @@ def compiled_runner_report() -> dict[str, Any]:
 
 FLOOR_CONTEXT_TOKENS = 300  # as `pardec tune`'s cost curve: a realistic decoding position
 FLOOR_FORWARD_REPEATS = 5
-_FLOOR_TEXT = ("The quick brown fox jumps over the lazy dog while the farmer counts his sheep, "
-               "and the river carries the last leaves of autumn down to the sea. ")
 
 
 def bandwidth_floor_ms(weight_bytes: int, bandwidth_gbs: float) -> float:
@@ -303,9 +300,9 @@ def one_token_forward_ms(session: Any, *, context_tokens: int = FLOOR_CONTEXT_TO
     Measured through `session.target` (``forward`` on a fresh ``new_cache()``), as
     `pardec tune` measures its cost curve: whatever runner the session decodes with.
     """
-    from pardec_cli.tuning.curve import measure_curve
+    from pardec_cli.tuning.curve import measure_curve, plain_context
 
-    context = session.encode(_FLOOR_TEXT * (context_tokens // 20 + 1), raw=True)[:context_tokens]
+    context = plain_context(session, context_tokens)
     curve = measure_curve(session, context, points=(1,), repeats=repeats)
     return curve.base_ms, len(context)
 

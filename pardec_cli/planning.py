@@ -148,10 +148,10 @@ def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str,
 
     With `adapt` on (the default) as method `adaptive`, whose arms are the choice at two
     sizes (the second half its size, or a quarter where half verifies for more than 1.5
-    plain steps: `methods.adaptive.challenger_arm`) and plain decoding: the choice runs
-    first and keeps running while it measures fastest. When auto expects nothing to beat plain decoding, plain decoding runs first
-    and the best other candidate gets a chance to prove the estimate wrong, at a size
-    whose junk drafts cost little (`methods.adaptive.challenger_arm`).
+    plain steps) and plain decoding: the choice runs first and keeps running while it
+    measures fastest. When auto expects nothing to beat plain decoding, plain decoding
+    runs first and the best other candidate gets a chance to prove the estimate wrong, at
+    a size whose junk drafts cost little (both sizes: `methods.adaptive.challenger_arm`).
     """
     from pardec_cli.methods.adaptive import ARM_SEPARATOR, SMALLER_SHARES, arm_label, challenger_arm
     from pardec_cli.methods.options import resolve_options

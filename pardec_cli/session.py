@@ -325,8 +325,7 @@ class Session:
         machine and step kind, and keep it in learned.json (None with learning off).
         Estimates miss what dominates some steps: torch's CPU int4 kernel computes rows
         in tiles of 4, so 16 rows cost 3.2x one there, not the 1.2x AMX would suggest."""
-        from pardec_cli.selection.learned import learning_enabled, record_curve
-        from pardec_cli.selection.selector import session_model
+        from pardec_cli.selection.learned import keep_session_curve, learning_enabled
         from pardec_cli.tuning.curve import measure_step_curve
 
         if not learning_enabled():
@@ -334,13 +333,7 @@ class Session:
         if self._notice is not None:
             self._notice(f"measuring the cost of verifying n tokens with {self.step_kind} steps (once, about a second)")
         curve = measure_step_curve(self)
-        hardware, info = session_model(self)
-        from pardec_cli.errors import PardecError
-
-        try:
-            record_curve(info.fingerprint, hardware.key, self.step_kind, curve)
-        except (PardecError, OSError):
-            pass  # a read-only home, a busy lock: measured again next time
+        keep_session_curve(self, curve)
         return curve
 
     def set_method(self, name: str, options: Mapping[str, Any] | None = None) -> None:

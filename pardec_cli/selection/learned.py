@@ -172,9 +172,11 @@ def merge(measurements: Iterable[Measurement]) -> Measurement:
 
 @dataclass
 class Usage:
-    """The rows for one model on one machine in one dtype: profile -> label -> rows."""
+    """The rows for one model on one machine and step kind: profile -> label -> rows; and
+    the verification cost curve measured there (None: never measured)."""
 
     rows: dict[str, dict[str, list[Row]]] = field(default_factory=dict)
+    curve: CostCurve | None = None
 
     def vanilla_step_s(self) -> float | None:
         """Plain decoding's seconds per step as measured in use (any profile), or None."""
@@ -254,19 +256,27 @@ def _rows(raw: list[list[float]]) -> list[Row]:
 
 
 def read_usage(fingerprint: str, hardware: str, step: str, path: Path | None = None) -> Usage:
-    """The rows for this model, machine and kind of step (`step_kind`; empty when none,
-    or the file is broken)."""
+    """The rows and cost curve for this model, machine and kind of step (`step_kind`;
+    empty when none, or the file is broken)."""
     try:
         data = statefile.read_json(path or learned_path(), SCHEMA, _RESET)
     except statefile.StateFileError:
         return Usage()  # a broken file teaches nothing; the next write replaces it
-    usage = Usage()
+    usage = Usage(curve=_curve((data or {}).get("curves") or {}, _curve_key(fingerprint, hardware, step)))
     for text, entry in (data or {}).get("entries", {}).items():
         key = UsageKey.parse(text)
         if key is None or (key.fingerprint, key.hardware, key.step) != (fingerprint, hardware, step):
             continue
         usage.rows.setdefault(key.profile, {})[key.label] = _rows(entry["rows"])
     return usage
+
+
+def _most_recent(entries: dict[str, Any]) -> dict[str, Any]:
+    """At most `MAX_KEYS` of `entries` ({key: {"updated": ..., ...}}), the most recently updated."""
+    if len(entries) <= MAX_KEYS:
+        return entries
+    keep = sorted(entries, key=lambda k: -entries[k]["updated"])[:MAX_KEYS]
+    return {k: entries[k] for k in keep}
 
 
 def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, clock: float | None = None) -> bool:
@@ -283,10 +293,7 @@ def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, cloc
         entry = entries.get(key.text(), {"rows": []})
         rows = [*entry["rows"], row.to_list()][-WINDOW:]
         entries[key.text()] = {"updated": stamp, "rows": rows}
-        if len(entries) > MAX_KEYS:
-            keep = sorted(entries, key=lambda k: -entries[k]["updated"])[:MAX_KEYS]
-            entries = {k: entries[k] for k in keep}
-        return {**(current or {}), "format": FORMAT, "note": NOTE, "entries": entries}
+        return {**(current or {}), "format": FORMAT, "note": NOTE, "entries": _most_recent(entries)}
 
     statefile.update_json(path or learned_path(), change, SCHEMA, _RESET)
     return True
@@ -296,20 +303,20 @@ def _curve_key(fingerprint: str, hardware: str, step: str) -> str:
     return "|".join((fingerprint, hardware, step))
 
 
-def read_curve(fingerprint: str, hardware: str, step: str, path: Path | None = None) -> CostCurve | None:
-    """The verification cost curve measured for this model, machine and step kind (None:
-    never measured here, or the file is broken)."""
-    try:
-        data = statefile.read_json(path or learned_path(), SCHEMA, _RESET)
-    except statefile.StateFileError:
-        return None
-    found = ((data or {}).get("curves") or {}).get(_curve_key(fingerprint, hardware, step))
+def _curve(curves: Mapping[str, Any], key: str) -> CostCurve | None:
+    found = curves.get(key)
     if not found:
         return None
     try:
         return CostCurve.from_mapping({int(n): ms for n, ms in found["ms"].items()}, found["source"])
     except ValueError:  # a hand-edited curve without its n=1 point: measured again
         return None
+
+
+def read_curve(fingerprint: str, hardware: str, step: str, path: Path | None = None) -> CostCurve | None:
+    """The verification cost curve measured for this model, machine and step kind (None:
+    never measured here, or the file is broken)."""
+    return read_usage(fingerprint, hardware, step, path).curve
 
 
 def record_curve(fingerprint: str, hardware: str, step: str, curve: CostCurve, *, path: Path | None = None) -> None:
@@ -321,12 +328,22 @@ def record_curve(fingerprint: str, hardware: str, step: str, curve: CostCurve, *
         curves[_curve_key(fingerprint, hardware, step)] = {
             "updated": time.time(), "source": curve.source, "ms": {str(n): round(ms, 3) for n, ms in curve.points},
         }  # fmt: skip
-        if len(curves) > MAX_KEYS:
-            keep = sorted(curves, key=lambda k: -curves[k]["updated"])[:MAX_KEYS]
-            curves = {k: curves[k] for k in keep}
-        return {"entries": {}, **(current or {}), "format": FORMAT, "note": NOTE, "curves": curves}
+        return {"entries": {}, **(current or {}), "format": FORMAT, "note": NOTE, "curves": _most_recent(curves)}
 
     statefile.update_json(path or learned_path(), change, SCHEMA, _RESET)
+
+
+def keep_session_curve(session: Any, curve: CostCurve) -> None:
+    """`record_curve` for a loaded `Session`'s model, machine and step kind. A read-only
+    home or a busy lock loses only the curve: it is measured again next time."""
+    from pardec_cli.errors import PardecError
+    from pardec_cli.selection.selector import session_model
+
+    hardware, info = session_model(session)
+    try:
+        record_curve(info.fingerprint, hardware.key, session.step_kind, curve)
+    except (PardecError, OSError):
+        pass
 
 
 def forget(path: Path | None = None) -> bool:

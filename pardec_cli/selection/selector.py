@@ -448,7 +448,7 @@ class AutoSelector:
         """Everything about a loaded `Session`: hardware, installed accelerators (plus
         `drafters` given on the command line), profiles, the tuned results that match
         this model, device and dtype exactly, and what use measured for them."""
-        from pardec_cli.selection.learned import learning_enabled, read_curve, read_usage
+        from pardec_cli.selection.learned import learning_enabled, read_usage
         from pardec_cli.selection.profiles import load_profiles
         from pardec_cli.store.accelerators import installed_accelerators, local_path, sized_accelerator
         from pardec_cli.selection.tuned import find_results, unusable_results
@@ -463,11 +463,9 @@ class AutoSelector:
             accelerators.insert(0, sized_accelerator("drafter", ref, local_path(ref)))
         tuned = find_results(info.fingerprint, hardware.key, hardware.dtype)
         notes = unusable_results(info.name, info.fingerprint, hardware.key, hardware.dtype)
-        learning = learning_enabled()
-        usage = read_usage(info.fingerprint, hardware.key, session.step_kind) if learning else None
-        curve = read_curve(info.fingerprint, hardware.key, session.step_kind) if learning else None
+        usage = read_usage(info.fingerprint, hardware.key, session.step_kind) if learning_enabled() else None
         return cls(hardware, info, profiles=load_profiles(), accelerators=accelerators, tuned=tuned, usage=usage,
-                   notes=notes, learned_curve=curve)
+                   notes=notes, learned_curve=usage.curve if usage is not None else None)
 
     @property
     def measured_curve(self) -> CostCurve | None:

@@ -67,10 +67,14 @@ _CONTEXT_TEXT = ("The quick brown fox jumps over the lazy dog while the farmer c
                  "and the river carries the last leaves of autumn down to the sea. ")  # fmt: skip
 
 
+def plain_context(session: Any, tokens: int = STEP_CURVE_CONTEXT_TOKENS) -> list[int]:
+    """`tokens` token ids of plain prose (no chat template) to measure steps after."""
+    return session.encode(_CONTEXT_TEXT * (tokens // 20 + 1), raw=True)[:tokens]
+
+
 def measure_step_curve(session: Any, *, repeats: int = 2) -> CostCurve:
     """The cost curve of `session`'s own steps (its runner, dtype and weights), measured in
     about a second: for `--method auto` where `pardec tune` never ran (`Session.auto_selector`)."""
-    context = session.encode(_CONTEXT_TEXT * (STEP_CURVE_CONTEXT_TOKENS // 20 + 1), raw=True)[:STEP_CURVE_CONTEXT_TOKENS]
-    curve = measure_curve(session, context, points=STEP_CURVE_POINTS, repeats=repeats)
+    curve = measure_curve(session, plain_context(session), points=STEP_CURVE_POINTS, repeats=repeats)
     day = time.strftime("%Y-%m-%d")
     return CostCurve(curve.points, f"measured on {day} by the first auto run of these {session.step_kind} steps")

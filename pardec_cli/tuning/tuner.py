@@ -240,17 +240,10 @@ class Tuner:
     def _share_curve(self, curve: CostCurve) -> None:
         """Keep the curve for later sessions with the same kind of step too (learned.json:
         tune's results are not keyed by step kind, a compiled tune and an eager `gen` differ)."""
-        from pardec_cli.errors import PardecError
-        from pardec_cli.selection.learned import learning_enabled, record_curve
-        from pardec_cli.selection.selector import session_model
+        from pardec_cli.selection.learned import keep_session_curve, learning_enabled
 
-        if not learning_enabled():
-            return
-        hardware, info = session_model(self.session)
-        try:
-            record_curve(info.fingerprint, hardware.key, self.session.step_kind, curve)
-        except (PardecError, OSError):
-            pass  # tune's own results keep it anyway
+        if learning_enabled():
+            keep_session_curve(self.session, curve)
 
     def _measure_curve(self) -> CostCurve:
         from pardec_cli.tuning.curve import measure_curve
