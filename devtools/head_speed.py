@@ -1,9 +1,10 @@
 """Time the compiled step with the dense output head against `quant.Int8Head`, side by side.
 
-Loads the model twice with `--weights int4` (the CPU default for a GGUF-backed model),
-puts the dense tied head back into one of them, builds a compiled runner for each
+Loads the model three times with `--weights int4` (the CPU default for a GGUF-backed
+model): with the dense tied head put back, with `Int8Head` on ``torch._int_mm``, and with
+`Int8Head` on oneDNN's prepacked int8 matmul (what loads where it is available); builds a compiled runner for each
 (saved steps load; missing ones compile once), fills each cache with a `--context`-token
-prompt and times forwards of k new tokens, the two runners interleaved round by round.
+prompt and times forwards of k new tokens, the runners interleaved round by round.
 
     python -m devtools.head_speed [-m MODEL] [--context 300] [--repeats 20] [--ks 1,4,16,32]
 """
@@ -33,7 +34,7 @@ def main() -> None:
     from pardec_cli.session import Session, compiled_steps_dir
 
     runners = {}
-    for name in ("dense head", "int8 head"):
+    for name in ("dense head", "int8 _int_mm", "int8 oneDNN"):
         model = Session.load(args.model, dtype="bfloat16", device="cpu", compile="off", weights="int4").target.model
         head = model.get_output_embeddings()
         if not isinstance(head, Int8Head):
@@ -42,6 +43,12 @@ def main() -> None:
             dense = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
             dense.weight, dense.bias = head.weight, head.bias
             model.set_output_embeddings(dense)
+        elif name == "int8 _int_mm":
+            dense = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+            dense.weight, dense.bias = head.weight, head.bias
+            model.set_output_embeddings(Int8Head(dense, prepack=False))
+        elif not hasattr(head, "packed"):
+            sys.exit("oneDNN's int8 matmul is not available here (the head runs on _int_mm)")
         runner = CompiledLanguageModel(model, step_dir=compiled_steps_dir(), compile_missing=True,
                                        on_notice=lambda m: print(m, file=sys.stderr))  # fmt: skip
         runner.warm()

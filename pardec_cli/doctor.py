@@ -274,7 +274,7 @@ def weight_bytes(model: Any) -> int:
     seen: set[int] = set()
     total = 0
     for tensor in [*model.parameters(), *model.buffers()]:
-        key = tensor.data_ptr()
+        key = id(tensor) if tensor.is_mkldnn else tensor.data_ptr()  # an opaque prepacked copy has no data_ptr
         if key not in seen:
             seen.add(key)
             total += tensor.numel() * tensor.element_size()

@@ -142,6 +142,20 @@ def test_the_int8_head_gives_a_row_the_same_logits_whatever_the_rows_beside_it(d
         assert all(torch.equal(head(x[i : i + 1])[0], together[i]) for i in range(33))
 
 
+def test_the_int8_heads_prepacked_kernel_computes_what_int_mm_does() -> None:
+    """oneDNN's prepacked int8 matmul (where the CPU has it) and torch._int_mm are two
+    kernels for one function: integer products, the same logits bit for bit."""
+    dense = nn.Linear(64, 1000, bias=False).to(torch.bfloat16)
+    packed, plain = Int8Head(dense), Int8Head(dense, prepack=False)
+    if not hasattr(packed, "packed"):
+        pytest.skip("oneDNN's int8 matmul is not available on this CPU")
+    assert not hasattr(plain, "packed")
+    x = torch.randn(20, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16) * 3
+    with torch.no_grad():
+        assert torch.equal(packed(x), plain(x))
+    assert "packed" not in packed.state_dict()  # an opaque copy, rebuilt at every load
+
+
 def test_a_head_that_is_not_an_nn_linear_stays_as_it_is() -> None:
     model = tiny_llama(layers=1)
     model.lm_head = nn.Identity()

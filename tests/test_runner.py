@@ -312,7 +312,7 @@ def test_saved_steps_load_in_a_later_runner_for_another_checkpoint(compiled_runn
 
 
 def test_quantized_weights_and_the_int8_head_compile_and_decode_as_plain_decoding_does(tmp_path):
-    """What `--weights int4` loads on a CPU (packed int4 layers, the int_mm head) compiles
+    """What `--weights int4` loads on a CPU (packed int4 layers, the int8 head) compiles
     without breaking, and every method still gives plain decoding's tokens."""
     from pardec_cli.quant import quantize_head, quantize_linears
 
@@ -326,6 +326,11 @@ def test_quantized_weights_and_the_int8_head_compile_and_decode_as_plain_decodin
         assert tokens == reference, method
     states = runner.graph_states()
     assert states["decode"].failed is None and states["verify"].failed is None
+    # The saved steps load in a later runner (the head's oneDNN-prepacked codes are an input).
+    later = CompiledLanguageModel(model, step_dir=tmp_path)
+    tokens, _ = run_on(later, "suffix", {}, random_prompt(0), max_new_tokens=40)
+    assert tokens == reference
+    assert later.graph_states()["verify"].origin == "loaded"
 
 
 def test_hidden_states_come_out_of_compiled_and_saved_steps(tmp_path):

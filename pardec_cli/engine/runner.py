@@ -119,7 +119,8 @@ def _input_guards(entries: Sequence[Any]) -> list[bool]:
     # is fixed for the runner's life, and they cannot be saved with the graph.
     return [
         entry.guard_type == "SHAPE_ENV"
-        or (entry.guard_type == "TENSOR_MATCH" and not entry.is_global and not isinstance(entry.value, torch.nn.Parameter))
+        or (entry.guard_type == "TENSOR_MATCH" and not entry.is_global and not isinstance(entry.value, torch.nn.Parameter)
+            and not getattr(entry.value, "is_mkldnn", False))  # an opaque prepacked weight (quant.Int8Head)
         for entry in entries
     ]
 
