@@ -30,7 +30,8 @@ HF_PROMPT_LOOKUP = "hf-pld"
 LLAMA_CPP = "llama.cpp"
 # --baseline names -> what they run.
 BASELINES = {
-    "hf": "Hugging Face generate() greedy on the same model and dtype (and its prompt lookup when pld is benchmarked)",
+    "hf": "Hugging Face generate() greedy on the same model and dtype with dense weights, as stock transformers runs "
+          "it (and its prompt lookup when pld is benchmarked)",
     "llamacpp": "llama.cpp greedy on the model's GGUF file, in a worker process (pip install 'pardec[peers]')",
 }
 OVERALL = "overall"
@@ -216,16 +217,34 @@ class Baseline:
 
 
 class HFBaseline(Baseline):
-    """Hugging Face `generate()` greedy (and its prompt lookup) on the session's own model."""
+    """Hugging Face `generate()` greedy (and its prompt lookup) on the session's model as
+    stock transformers runs it: dense weights in the session's dtype.
 
-    def __init__(self, session: Any, *, prompt_lookup: bool = False) -> None:
+    Where the session holds quantized weights (`--weights int4`: pardec's own packed
+    layers, which a transformers user does not have), `start` loads a second, dense copy.
+    `model` replaces that copy (tests).
+    """
+
+    def __init__(self, session: Any, *, prompt_lookup: bool = False, model: Any = None) -> None:
         self.session = session
         self.labels = (HF_GREEDY, HF_PROMPT_LOOKUP) if prompt_lookup else (HF_GREEDY,)
+        self.model = model
+
+    def start(self, prompts: Sequence[list[int]], max_new_tokens: int) -> None:
+        if self.model is not None:
+            return
+        if self.session.weights == "full" or self.session.model_path is None:
+            self.model = self.session.target.model
+            return
+        from pardec_cli.store.loading import load_model
+
+        self.model, _ = load_model(Path(self.session.model_path), dtype=self.session.dtype,
+                                   device=str(self.session.target.device), weights="full")  # fmt: skip
 
     def run(self, label: str, prompt: BenchPrompt, ids: list[int], max_new_tokens: int) -> Run:
         import torch
 
-        model = self.session.target.model
+        model = self.model if self.model is not None else self.session.target.model
         inputs = torch.tensor([ids], device=self.session.target.device)
         extra = {"prompt_lookup_num_tokens": 10} if label == HF_PROMPT_LOOKUP else {}
         eos = sorted(self.session.eos_token_ids)
@@ -248,7 +267,14 @@ class HFBaseline(Baseline):
         return Run(label, prompt.prompt_id, prompt.category, len(new), seconds, steps, 0, 0, new)
 
     def settings(self) -> dict[str, Any]:
-        return {"engine": "transformers generate()", "dtype": self.session.dtype, "device": self.session.device}
+        return {"engine": "transformers generate()", "dtype": self.session.dtype, "device": self.session.device,
+                "weights": "full"}
+
+    def describe(self) -> list[str]:
+        return [f"hf: transformers generate(), {self.session.dtype}, dense weights"]
+
+    def close(self) -> None:
+        self.model = None
 
 
 class LlamaCppBaseline(Baseline):

@@ -145,3 +145,24 @@ def test_bench_rejects_a_bad_method_before_loading_anything(tmp_path):
     result = invoke(["bench", "--prompts", str(prompts), "--methods", "vanilla,nope"])
     assert result.exit_code == 2
     assert "unknown method 'nope'" in result.stderr
+
+
+def test_the_hf_baseline_runs_stock_transformers_on_dense_weights(tiny_cli_model: Path) -> None:
+    """pardec's packed int4 layers are not what a transformers user runs: with quantized
+    weights the hf baseline loads a dense copy; with dense weights it shares the model."""
+    from pardec_cli.bench import HFBaseline
+    from pardec_cli.quant import weights_label
+    from pardec_cli.session import Session
+
+    quantized = Session.load(str(tiny_cli_model), dtype="bfloat16", device="cpu", weights="int4", offline=True)
+    assert weights_label(quantized.target.model) == "int4"
+    baseline = HFBaseline(quantized)
+    baseline.start([[1, 2, 3]], 4)
+    assert baseline.model is not quantized.target.model and weights_label(baseline.model) == "full"
+    run = baseline.run(HF_GREEDY, BenchPrompt("1", "c", "x"), [5, 6, 7], 4)
+    assert run.new_tokens == 4
+    assert baseline.settings()["weights"] == "full"
+    dense = Session.load(str(tiny_cli_model), dtype="float32", device="cpu", weights="full", offline=True)
+    shared = HFBaseline(dense)
+    shared.start([[1, 2, 3]], 4)
+    assert shared.model is dense.target.model

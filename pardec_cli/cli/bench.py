@@ -26,7 +26,8 @@ from pardec_cli.errors import PardecUsageError
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens per prompt.")
 @click.option("--baseline", "baseline_text", default=None, metavar="LIST",
               help="Peers to measure against, comma-separated: hf = Hugging Face generate() greedy on the same model "
-              "and dtype (plus its prompt lookup when pld is benchmarked); llamacpp = llama.cpp greedy on the model's "
+              "and dtype with dense weights, as stock transformers runs it (a second copy is loaded when pardec runs "
+              "quantized weights; plus its prompt lookup when pld is benchmarked); llamacpp = llama.cpp greedy on the model's "
               "GGUF file (needs `pip install 'pardec[peers]'`).")
 @click.option("--baseline-hf", is_flag=True, help="Same as --baseline hf.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the results as JSON to this file ('-' for stdout).")
