@@ -126,6 +126,19 @@ def test_the_quick_pool_is_the_profiles_own_candidates_without_neighbours() -> N
     assert len(candidate_pool(profile, THIS_CPU)) > len(quick)
 
 
+def test_each_candidate_is_also_measured_at_the_size_this_machines_curve_makes_cheap() -> None:
+    """On a curve where 16 nodes cost 3x one token (a CPU's int4 kernel), suffix[16] is
+    followed by suffix[4] (5 rows: <= 1.5 plain steps); on a flat curve it is cheap already."""
+    from pardec_cli.tuning.space import with_curve_sizes
+
+    pool = [normalize("suffix", {"max_nodes": 16}), normalize("pld", {"num_draft": 8}), normalize("suffix", {"max_nodes": 4})]
+    steep = CostCurve.from_mapping({1: 10.0, 4: 13.0, 8: 20.0, 16: 33.0, 32: 56.0}, "measured")
+    assert [c.label for c in with_curve_sizes(pool, steep.relative)] == [
+        "suffix[max_nodes=16]", "suffix[max_nodes=4]", "pld[num_draft=8]", "pld[num_draft=4]"]
+    flat = CostCurve.from_mapping({1: 10.0, 16: 11.5, 32: 13.0}, "measured")
+    assert with_curve_sizes(pool, flat.relative) == pool
+
+
 def test_what_tune_measured_is_said_in_plain_words_with_its_spread_before_the_best() -> None:
     from pardec_cli.tuning.tuner import describe_profile
 

@@ -407,8 +407,15 @@ def challenger_arm(method: str, knobs: dict[str, Any], relative_cost: Callable[[
     nothing to beat it (its drafts are likely junk), and is the smaller arm of auto's
     choice: a junk 16-node draft costs 3.2 steps on a CPU whose int4 kernel works in
     tiles of 4 rows, 1.0 on a GPU."""
+    return arm_label(method, cheap_knobs(method, knobs, relative_cost, shares))
+
+
+def cheap_knobs(method: str, knobs: dict[str, Any], relative_cost: Callable[[float], float],
+                shares: Sequence[float] = CHALLENGER_SHARES) -> dict[str, Any]:  # fmt: skip
+    """The knobs of `challenger_arm`: `knobs` sized to the largest of `shares` whose
+    verification costs at most `CHALLENGER_MAX_COST` plain steps, else the smallest."""
     for share in shares:
         sized, size = sized_knobs(method, knobs, share)
         if size is None or relative_cost(1 + size) <= CHALLENGER_MAX_COST:
-            return arm_label(method, sized)
-    return arm_label(method, sized_knobs(method, knobs, shares[-1])[0])
+            return sized
+    return sized_knobs(method, knobs, shares[-1])[0]

@@ -7,13 +7,17 @@ installed drafter). Around each seed, every knob that declares search values
 neighbourhood where a better setting for this machine usually is. `--methods` limits
 the search to some methods (seeding one that no profile lists with its defaults).
 
+Each candidate is followed by itself sized for this machine's verification cost curve
+(`with_curve_sizes`: the size auto's cheap arm would draft at), which is often what
+pays on a CPU whose cost grows steeply with the rows verified.
+
 Knobs are normalized (values equal to the method's defaults dropped, combination knobs
 written PART.KNOB), so one setting never appears twice under two spellings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,3 +107,17 @@ def candidate_pool(
             if near not in pool:
                 pool.append(near)
     return pool
+
+
+def with_curve_sizes(pool: Sequence[TuneCandidate], relative_cost: Callable[[float], float]) -> list[TuneCandidate]:
+    """Each candidate followed by itself at the size whose verification costs at most
+    `methods.adaptive.CHALLENGER_MAX_COST` plain steps on this curve (`relative_cost(rows)`;
+    `methods.adaptive.cheap_knobs`), where that differs; each setting once."""
+    from pardec_cli.methods.adaptive import cheap_knobs
+
+    found: list[TuneCandidate] = []
+    for candidate in pool:
+        for item in (candidate, normalize(candidate.method, cheap_knobs(candidate.method, candidate.knob_dict, relative_cost))):
+            if item not in found:
+                found.append(item)
+    return found

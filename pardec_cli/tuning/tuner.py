@@ -9,7 +9,8 @@
 
 By default the pool is the profile's own candidates for this hardware, at most
 `QUICK_CANDIDATES` of them (a useful result in a few minutes); `thorough` adds every
-candidate's neighbouring knob settings (the longer search).
+candidate's neighbouring knob settings (the longer search). Either way each candidate is
+followed by itself sized for the measured cost curve (`space.with_curve_sizes`).
 
 Generation goes through the session (the one decoding loop); nothing here decodes.
 """
@@ -28,7 +29,7 @@ from pardec_cli.errors import PardecUsageError
 from pardec_cli.tuning.prompts import TunePrompt, builtin_prompts, file_prompts
 from pardec_cli.selection.tuned import Run, TunedCandidate, TunedProfile, TunedResults, write_results
 from pardec_cli.tuning.search import VANILLA, BudgetTooSmall, Outcome, Progress, SearchConfig, successive_halving
-from pardec_cli.tuning.space import TuneCandidate, candidate_pool
+from pardec_cli.tuning.space import TuneCandidate, candidate_pool, with_curve_sizes
 
 CURVE_REPEATS = 3
 CONTEXT_TOKENS = 300
@@ -269,6 +270,7 @@ class Tuner:
                               neighbours_too=self.request.thorough)
         if not self.request.thorough:
             pool = pool[:QUICK_CANDIDATES]
+        pool = with_curve_sizes(pool, curve.relative)
         if not pool:
             self.on_event(TuneEvent("note", name, message=f"{name}: no candidate method can run here; skipped"))
             return
