@@ -147,13 +147,14 @@ def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str,
     (`methods.registry.AUTO_OPTIONS`): (method, knobs, lines for --explain).
 
     With `adapt` on (the default) as method `adaptive`, whose arms are the choice at two
-    sizes (the second half its size, or a quarter where half verifies for more than 1.5
-    plain steps) and plain decoding: the choice runs first and keeps running while it
+    sizes (`methods.adaptive.second_arm`: half its size, or a quarter where half verifies
+    for more than 1.5 plain steps; larger where the choice itself verifies that cheaply)
+    and plain decoding: the choice runs first and keeps running while it
     measures fastest. When auto expects nothing to beat plain decoding, plain decoding
     runs first and the best other candidate gets a chance to prove the estimate wrong, at
     a size whose junk drafts cost little (both sizes: `methods.adaptive.challenger_arm`).
     """
-    from pardec_cli.methods.adaptive import ARM_SEPARATOR, SMALLER_SHARES, arm_label, challenger_arm
+    from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, challenger_arm, second_arm
     from pardec_cli.methods.options import resolve_options
     from pardec_cli.methods.registry import AUTO_OPTIONS
 
@@ -166,8 +167,8 @@ def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str,
             return method, knobs, []
         arms = ["vanilla", challenger_arm(other.method, dict(other.knobs), choice.curve.relative)]
     else:
-        smaller = challenger_arm(method, knobs, choice.curve.relative, SMALLER_SHARES)
-        arms = list(dict.fromkeys([arm_label(method, knobs), smaller, "vanilla"]))
+        arms = [arm_label(method, knobs), second_arm(method, knobs, choice.curve.relative), "vanilla"]
+        arms = list(dict.fromkeys(arms))
     line = (f"adapt     while decoding, switch among {', '.join(arms)} by measured tokens/s "
             f"(-O adapt=off keeps {arm_label(method, knobs)})")
     return "adaptive", {"arms": f" {ARM_SEPARATOR} ".join(arms)}, [line]

@@ -328,17 +328,20 @@ def test_stats_count_switches_and_time_per_arm():
 # -- auto's arms ------------------------------------------------------------------------
 
 
-def test_arms_are_the_choice_at_its_size_and_half_of_it_then_plain_decoding():
+def test_arms_are_the_choice_at_two_sizes_then_plain_decoding():
+    """On a flat curve (a GPU) a choice below its method's default size also runs larger,
+    up to that default; at or above it, at half its size."""
     def arms(method, knobs):
         return auto_method(choice(method, knobs), {})[1]["arms"]
 
-    assert arms("pld", {"num_draft": 8}) == "pld[num_draft=8] | pld[num_draft=4] | vanilla"
+    assert arms("pld", {"num_draft": 8}) == "pld[num_draft=8] | pld[num_draft=10] | vanilla"  # the default is 10
+    assert arms("pld", {"num_draft": 16}) == "pld[num_draft=16] | pld[num_draft=8] | vanilla"
     assert arms("recycling", {}) == "recycling | recycling[nodes=16] | vanilla"  # half the default 32
     assert arms("suffix+recycling", {"recycling.depth": 4, "recycling.nodes": 8, "suffix.max_nodes": 8}) == (
         "suffix+recycling[recycling.depth=4,recycling.nodes=8,suffix.max_nodes=8] | "
-        "suffix+recycling[recycling.depth=4,recycling.nodes=4,suffix.max_nodes=4] | vanilla"
+        "suffix+recycling[recycling.depth=4,recycling.nodes=32,suffix.max_nodes=32] | vanilla"
     )
-    assert arms("pld", {"num_draft": 1}) == "pld[num_draft=1] | vanilla"
+    assert arms("pld", {"num_draft": 1}) == "pld[num_draft=1] | pld[num_draft=4] | vanilla"
     assert sized_knobs("vanilla", {}, 0.5) == ({}, None)  # no size knob: nothing to scale
     assert parse_arms("layerskip[layer_list=0-5,8,k=2] | vanilla") == [
         ("layerskip[layer_list=0-5,8,k=2]", "layerskip", {"layer_list": "0-5,8", "k": "2"}), ("vanilla", "vanilla", {})]
@@ -353,7 +356,7 @@ def choice(method, knobs, ranking=(), curve=FLAT):
 
 def test_auto_runs_its_choice_adaptively_unless_adapt_is_off():
     method, knobs, lines = auto_method(choice("pld", {"num_draft": 8}), {})
-    assert (method, knobs) == ("adaptive", {"arms": "pld[num_draft=8] | pld[num_draft=4] | vanilla"})
+    assert (method, knobs) == ("adaptive", {"arms": "pld[num_draft=8] | pld[num_draft=10] | vanilla"})
     assert lines and lines[0].startswith("adapt     ")
     assert auto_method(choice("pld", {"num_draft": 8}), {"adapt": "off"}) == ("pld", {"num_draft": 8}, [])
     with pytest.raises(PardecUsageError, match="adapt"):
@@ -382,12 +385,24 @@ def test_the_challenger_of_plain_decoding_drafts_only_as_much_as_junk_can_cheapl
                                             knobs={"suffix.max_nodes": 16, "recycling.nodes": 16})]
     assert auto_method(choice("vanilla", {}, combined, eager), {})[1]["arms"] == \
         "vanilla | suffix+recycling[recycling.nodes=4,suffix.max_nodes=4]"
-    # A choice's smaller arm: half its size, or a quarter where half costs over 1.5 steps.
+    # A choice's second arm: half its size, or a quarter where half costs over 1.5 steps;
+    # larger where the choice itself costs that little (up to the method's default, 32).
     suffix16 = {"max_nodes": 16}
     assert auto_method(choice("suffix", suffix16, curve=FLAT), {})[1]["arms"] == \
-        "suffix[max_nodes=16] | suffix[max_nodes=8] | vanilla"
+        "suffix[max_nodes=16] | suffix[max_nodes=32] | vanilla"
     assert auto_method(choice("suffix", suffix16, curve=tiles), {})[1]["arms"] == \
         "suffix[max_nodes=16] | suffix[max_nodes=4] | vanilla"
+
+
+def test_a_choice_tune_sized_down_for_this_cpu_can_still_grow_when_the_text_copies_well():
+    """Tune measured pld[num_draft=2] fastest on its code prompts (3 rows verify for 1.3x
+    one on this AMX int4 step); on a code edit 8-token drafts pay: the second arm is 4x."""
+    tiles = CostCurve.from_mapping({1: 10.3, 2: 13.4, 4: 14.4, 8: 21.7, 16: 34.4, 32: 55.8}, "measured")
+    assert auto_method(choice("pld", {"num_draft": 2}, curve=tiles), {})[1]["arms"] == \
+        "pld[num_draft=2] | pld[num_draft=8] | vanilla"
+    # 5 rows cost 1.57 steps there: suffix[4] is not cheap, its second arm is smaller.
+    assert auto_method(choice("suffix", {"max_nodes": 4}, curve=tiles), {})[1]["arms"] == \
+        "suffix[max_nodes=4] | suffix[max_nodes=2] | vanilla"
 
 
 # -- through the CLI ----------------------------------------------------------------------

@@ -50,6 +50,10 @@ STALE = 0.25
 #: See `challenger_arm`: the challenger of plain decoding, and the smaller arm of a choice.
 CHALLENGER_SHARES = (1.0, 0.5, 0.25)
 SMALLER_SHARES = (0.5, 0.25)
+#: A choice already sized to verify cheaply (tune measured `pld[num_draft=2]` fastest on
+#: its prompts) gets a bigger second arm instead, up to the method's default size: text
+#: that turns out to copy well (a code edit) pays for the longer drafts.
+LARGER_SHARE = 4.0
 CHALLENGER_MAX_COST = 1.5
 
 
@@ -380,7 +384,8 @@ def arm_label(method: str, knobs: dict[str, Any]) -> str:
 
 def sized_knobs(method: str, knobs: dict[str, Any], share: float) -> tuple[dict[str, Any], int | None]:
     """`knobs` with each part's size knob (`MethodSpec.size_option`) at `share` of its value
-    (at least 1), and the largest size that gives (None: the method has no size knob)."""
+    (at least 1; a share above 1 grows it up to the method's default size at most), and the
+    largest size that gives (None: the method has no size knob)."""
     from pardec_cli.methods.registry import get_spec
 
     sized, largest = dict(knobs), None
@@ -389,10 +394,13 @@ def sized_knobs(method: str, knobs: dict[str, Any], share: float) -> tuple[dict[
         if option is None:
             continue
         key = f"{part}.{option}" if "+" in method else option
+        default = next(o.default for o in get_spec(part).options if o.name == option)
         current = sized.get(key, sized.get(option))
         if current is None:
-            current = next(o.default for o in get_spec(part).options if o.name == option)
+            current = default
         size = int(current) if share == 1 else max(1, round(int(current) * share))
+        if share > 1:  # growing stops at the method's own default size
+            size = max(int(current), min(size, int(default)))
         if share != 1:
             sized[key] = size
         largest = size if largest is None else max(largest, size)
@@ -419,3 +427,16 @@ def cheap_knobs(method: str, knobs: dict[str, Any], relative_cost: Callable[[flo
         if size is None or relative_cost(1 + size) <= CHALLENGER_MAX_COST:
             return sized
     return sized_knobs(method, knobs, shares[-1])[0]
+
+
+def second_arm(method: str, knobs: dict[str, Any], relative_cost: Callable[[float], float]) -> str:
+    """The second size auto's choice runs at: smaller (`challenger_arm` over
+    `SMALLER_SHARES`), or, where the choice already verifies for at most
+    `CHALLENGER_MAX_COST` plain steps below its method's default size, `LARGER_SHARE`
+    times larger (up to that default)."""
+    _, size = sized_knobs(method, knobs, 1.0)
+    if size is not None and relative_cost(1 + size) <= CHALLENGER_MAX_COST:
+        larger, grown = sized_knobs(method, knobs, LARGER_SHARE)
+        if grown is not None and grown > size:
+            return arm_label(method, larger)
+    return challenger_arm(method, knobs, relative_cost, SMALLER_SHARES)
