@@ -272,8 +272,8 @@ class Int8Head(nn.Module):
     tensors (shared, not copied) for readers of ``get_output_embeddings()``.
 
     The product runs on oneDNN's int8 matmul over a copy of the codes prepacked once
-    (`packed`: about 2.5x faster than ``torch._int_mm``, which repacks the 28 MB of codes
-    at every call), where this torch and CPU have it and it reproduces ``_int_mm``;
+    (`packed`; the product alone 2.5x faster than ``torch._int_mm``, which reorders the
+    codes at every call), where this torch and CPU have it and it reproduces ``_int_mm``;
     otherwise on ``_int_mm`` (`weight_int8`). docs/weights.md has the measurements.
     """
 
