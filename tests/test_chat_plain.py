@@ -108,6 +108,7 @@ def served(tiny_cli_model, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PARDEC_HOME", str(home / "pardec"))
         mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("PARDEC_LEARN", "0")  # as every test's isolated home: auto must not measure or learn here
         with running_server(tiny_cli_model) as server:
             yield server
 

@@ -39,6 +39,9 @@ def served(tiny_cli_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         mp.setenv("PARDEC_HOME", str(home / "pardec"))
         mp.setenv("PARDEC_CONFIG_DIR", str(home / "config"))
         mp.setenv("HF_HOME", str(home / "hf"))
+        # Built before any test's isolated home: without this the server's auto would
+        # measure its own step-cost curve (timing) where gen, with learning off, estimates it.
+        mp.setenv("PARDEC_LEARN", "0")
         with running_server(tiny_cli_model, max_tokens_limit=512, max_body_bytes=64 * 1024) as server:
             yield server
 
