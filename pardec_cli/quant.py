@@ -304,8 +304,7 @@ class Int8Head(nn.Module):
         if hasattr(self, "packed"):
             scaled = torch.ops.pardec.onednn_int8_mm(both, self.packed, self.scales, self.zeros)  # [2M, V]
         else:
-            # The transposed view of the [V, K] codes is _int_mm's fast layout at few rows.
-            scaled = torch._int_mm(both, self.weight_int8.t()).float() * self.scales
+            scaled = int_mm_scaled(both, self.weight_int8, self.scales)
         m = x2d.shape[0]
         y = scaled[:m] * s1 + scaled[m:] * s2
         if self.bias is not None:
@@ -334,6 +333,13 @@ def _(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.
     return x.new_empty((x.shape[0], scales.shape[0]), dtype=torch.float32)
 
 
+def int_mm_scaled(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``(x @ codes.T) * scales`` in float32 on ``torch._int_mm``: int8 `x` [M, K], int8
+    `codes` [N, K], float32 `scales` [N]. What `onednn_int8_mm` must reproduce bit for bit."""
+    # The transposed view of the [N, K] codes is _int_mm's fast layout at few rows.
+    return torch._int_mm(x, codes.t()).float() * scales
+
+
 def onednn_int8_packed(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's prepacked copy of int8 `codes` [N, K] (float32 `scales` [N]), or None where
     this torch or CPU cannot multiply by it or its products differ from ``torch._int_mm``'s
@@ -345,7 +351,7 @@ def onednn_int8_packed(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tenso
         probe = torch.randint(-127, 128, (8, codes.shape[1]), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
         zeros = torch.zeros((), dtype=torch.long)
         got = onednn_int8_mm(probe, packed, scales, zeros)
-        want = torch._int_mm(probe, codes.t()).float() * scales
+        want = int_mm_scaled(probe, codes, scales)
     except (RuntimeError, AttributeError, NotImplementedError):
         return None
     return packed if torch.equal(got, want) else None
