@@ -29,13 +29,14 @@ This module depends on torch only.
 from __future__ import annotations
 
 import functools
+import time
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 DEFAULT_GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block size, so imported codes pack as they are
 #: From this many rows (a long prompt's prefill) a quantized layer on CPU unpacks its
@@ -272,12 +273,14 @@ class Int8Head(nn.Module):
     tensors (shared, not copied) for readers of ``get_output_embeddings()``.
 
     The product runs on oneDNN's int8 matmul over a copy of the codes prepacked once
-    (`packed`; the product alone 2.5x faster than ``torch._int_mm``, which reorders the
-    codes at every call), where this torch and CPU have it and it reproduces ``_int_mm``;
-    otherwise on ``_int_mm`` (`weight_int8`). docs/weights.md has the measurements.
+    (`packed`; the product alone 2.5x faster than ``torch._int_mm`` on AMX, which reorders
+    the codes at every call), where this torch and CPU have it, it is faster here and it
+    reproduces ``_int_mm``; otherwise on ``_int_mm`` (`weight_int8`). docs/weights.md has the measurements.
     """
 
-    def __init__(self, dense: nn.Linear, *, prepack: bool = True) -> None:
+    def __init__(self, dense: nn.Linear, *, prepack: bool | None = None) -> None:
+        """`prepack`: True takes oneDNN's prepacked kernel wherever it computes the same
+        products, False never, None (default) only where it is also faster here."""
         super().__init__()
         self.in_features, self.out_features = dense.in_features, dense.out_features
         self.weight = dense.weight  # [V, K], the tied embedding for SmolLM2-style models
@@ -289,7 +292,7 @@ class Int8Head(nn.Module):
         codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [V, K]
         self.register_buffer("scales", scales)  # [V] float32
         self.register_buffer("smooth", smooth)  # [K] float32
-        packed = onednn_int8_packed(codes, scales) if prepack else None
+        packed = None if prepack is False else onednn_int8_packed(codes, scales, timed=prepack is None)
         if packed is None:
             self.register_buffer("weight_int8", codes)
         else:  # not persistent: an opaque oneDNN tensor, rebuilt from `weight` at load
@@ -340,21 +343,50 @@ def int_mm_scaled(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) ->
     return torch._int_mm(x, codes.t()).float() * scales
 
 
-def onednn_int8_packed(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+def onednn_int8_packed(codes: torch.Tensor, scales: torch.Tensor, *, timed: bool = True) -> torch.Tensor | None:
     """oneDNN's prepacked copy of int8 `codes` [N, K] (float32 `scales` [N]), or None where
-    this torch or CPU cannot multiply by it or its products differ from ``torch._int_mm``'s
-    (checked once on 8 rows; every int8 kernel must agree exactly)."""
+    this torch or CPU cannot multiply by it, it is slower than ``torch._int_mm`` here (when
+    `timed`), or its products differ from ``_int_mm``'s (checked once on 8 rows; every int8 kernel must
+    agree exactly)."""
     if codes.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
+    zeros = torch.zeros((), dtype=torch.long)
     try:
+        if timed and not _prepacked_is_faster(codes, scales, zeros):
+            return None
         packed = torch.ops.onednn.qlinear_prepack(codes, None)
         probe = torch.randint(-127, 128, (8, codes.shape[1]), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
-        zeros = torch.zeros((), dtype=torch.long)
         got = onednn_int8_mm(probe, packed, scales, zeros)
         want = int_mm_scaled(probe, codes, scales)
     except (RuntimeError, AttributeError, NotImplementedError):
         return None
     return packed if torch.equal(got, want) else None
+
+
+#: Rows of the codes the speed probe multiplies: enough to time a real kernel (~1-2% of a
+#: 49k vocabulary), few enough that a slow one costs tens of milliseconds once, at load.
+SPEED_PROBE_ROWS = 2048
+
+
+def _prepacked_is_faster(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> bool:
+    """Whether oneDNN's prepacked product beats ``_int_mm`` on a slice of `codes`, at a
+    one-token step's two rows (fastest of 3 calls each). oneDNN has no fast signed-int8
+    kernel on every CPU: on an AVX512-VNNI AMD EPYC without AMX it ran ~80x slower."""
+    part, part_scales = codes[:SPEED_PROBE_ROWS].contiguous(), scales[:SPEED_PROBE_ROWS].contiguous()
+    packed = torch.ops.onednn.qlinear_prepack(part, None)
+    x = torch.randint(-127, 128, (2, codes.shape[1]), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+
+    def fastest(call: Callable[[], torch.Tensor]) -> float:
+        call()  # warm-up: first-call dispatch and kernel generation
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    prepacked = fastest(lambda: onednn_int8_mm(x, packed, part_scales, zeros))
+    return prepacked < fastest(lambda: int_mm_scaled(x, part, part_scales))
 
 
 def _int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

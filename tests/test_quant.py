@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch import nn
 
+from pardec_cli import quant
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.quant import (
     DENSE_FROM_ROWS, Int4Linear, Int8Head, Int8Linear, cpu_pack_block, quantize_head, quantize_linears, weights_label,
@@ -143,17 +144,34 @@ def test_the_int8_head_gives_a_row_the_same_logits_whatever_the_rows_beside_it(d
 
 
 def test_the_int8_heads_prepacked_kernel_computes_what_int_mm_does() -> None:
-    """oneDNN's prepacked int8 matmul (where the CPU has it) and torch._int_mm are two
-    kernels for one function: integer products, the same logits bit for bit."""
+    """oneDNN's prepacked int8 matmul (where this torch has it, fast or not on this CPU)
+    and torch._int_mm are two kernels for one function: integer products, bit for bit."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    generator = torch.Generator().manual_seed(1)
+    codes = torch.randint(-127, 128, (1000, 64), dtype=torch.int8, generator=generator)
+    scales = torch.rand(1000, generator=generator)
+    x = torch.randint(-127, 128, (20, 64), dtype=torch.int8, generator=generator)
+    packed = torch.ops.onednn.qlinear_prepack(codes, None)
+    got = quant.onednn_int8_mm(x, packed, scales, torch.zeros((), dtype=torch.long))
+    assert torch.equal(got, quant.int_mm_scaled(x, codes, scales))
+
+
+def test_the_int8_head_takes_the_prepacked_kernel_where_it_is_faster_and_gives_the_same_logits() -> None:
+    """oneDNN has no fast signed-int8 kernel on some CPUs (~80x slower than _int_mm on an
+    AMD EPYC without AMX): by default the head times both once and keeps the faster;
+    either way the logits are the same."""
     dense = nn.Linear(64, 1000, bias=False).to(torch.bfloat16)
-    packed, plain = Int8Head(dense), Int8Head(dense, prepack=False)
-    if not hasattr(packed, "packed"):
-        pytest.skip("oneDNN's int8 matmul is not available on this CPU")
-    assert not hasattr(plain, "packed")
     x = torch.randn(20, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16) * 3
+    plain, chosen, packed = Int8Head(dense, prepack=False), Int8Head(dense), Int8Head(dense, prepack=True)
+    assert not hasattr(plain, "packed") and "_int_mm" in repr(plain)
+    if not hasattr(packed, "packed"):
+        pytest.skip("oneDNN's int8 matmul is not available in this torch")
+    assert "oneDNN prepacked" in repr(packed)
+    assert "packed" not in packed.state_dict()  # an opaque copy, rebuilt at every load
     with torch.no_grad():
         assert torch.equal(packed(x), plain(x))
-    assert "packed" not in packed.state_dict()  # an opaque copy, rebuilt at every load
+        assert torch.equal(chosen(x), plain(x))
 
 
 def test_a_head_that_is_not_an_nn_linear_stays_as_it_is() -> None:
