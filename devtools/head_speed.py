@@ -47,7 +47,7 @@ def main() -> None:
             dense = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
             dense.weight, dense.bias = head.weight, head.bias
             model.set_output_embeddings(Int8Head(dense, prepack=False))
-        elif not hasattr(head, "packed"):
+        elif head.kernel == "_int_mm":
             sys.exit("oneDNN's int8 matmul is not available here, or slower than _int_mm (the head runs on _int_mm)")
         runner = CompiledLanguageModel(model, step_dir=compiled_steps_dir(), compile_missing=True,
                                        on_notice=lambda m: print(m, file=sys.stderr))  # fmt: skip

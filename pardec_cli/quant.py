@@ -273,9 +273,11 @@ class Int8Head(nn.Module):
     tensors (shared, not copied) for readers of ``get_output_embeddings()``.
 
     The product runs on oneDNN's int8 matmul over a copy of the codes prepacked once
-    (`packed`; the product alone 2.5x faster than ``torch._int_mm`` on AMX, which reorders
-    the codes at every call), where this torch and CPU have it, it is faster here and it
-    reproduces ``_int_mm``; otherwise on ``_int_mm`` (`weight_int8`). docs/weights.md has the measurements.
+    (``torch._int_mm`` reorders the codes at every call), with the activations as signed
+    int8 (`packed`) or shifted by 128 into uint8 (`packed_u8`: VNNI's native u8 x s8, with
+    zero point 128), whichever is fastest here, where this torch and CPU have it and it
+    reproduces ``_int_mm``; otherwise on ``_int_mm`` (`weight_int8`). docs/weights.md has
+    the measurements.
     """
 
     def __init__(self, dense: nn.Linear, *, prepack: bool | None = None) -> None:
@@ -292,11 +294,12 @@ class Int8Head(nn.Module):
         codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [V, K]
         self.register_buffer("scales", scales)  # [V] float32
         self.register_buffer("smooth", smooth)  # [K] float32
-        packed = None if prepack is False else onednn_int8_packed(codes, scales, timed=prepack is None)
-        if packed is None:
+        found = None if prepack is False else onednn_int8_packed(codes, scales, timed=prepack is None)
+        if found is None:
             self.register_buffer("weight_int8", codes)
         else:  # not persistent: an opaque oneDNN tensor, rebuilt from `weight` at load
-            self.register_buffer("packed", packed, persistent=False)
+            packed, x_zero_point = found
+            self.register_buffer("packed_u8" if x_zero_point else "packed", packed, persistent=False)
             self.register_buffer("zeros", torch.zeros((), dtype=torch.long), persistent=False)  # symmetric codes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -304,8 +307,11 @@ class Int8Head(nn.Module):
         q1, s1 = _int8_rows(x2d)
         q2, s2 = _int8_rows(x2d - q1.float() * s1)
         both = torch.cat([q1, q2])  # [2M, K] int8
-        if hasattr(self, "packed"):
-            scaled = torch.ops.pardec.onednn_int8_mm(both, self.packed, self.scales, self.zeros)  # [2M, V]
+        if hasattr(self, "packed_u8"):
+            shifted = _as_uint8(both)
+            scaled = torch.ops.pardec.onednn_int8_mm(shifted, self.packed_u8, self.scales, self.zeros, 128)  # [2M, V]
+        elif hasattr(self, "packed"):
+            scaled = torch.ops.pardec.onednn_int8_mm(both, self.packed, self.scales, self.zeros, 0)  # [2M, V]
         else:
             scaled = int_mm_scaled(both, self.weight_int8, self.scales)
         m = x2d.shape[0]
@@ -314,25 +320,36 @@ class Int8Head(nn.Module):
             y = y + self.bias.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
+    @property
+    def kernel(self) -> str:
+        """The product's kernel: "oneDNN prepacked, u8", "oneDNN prepacked, s8" or "_int_mm"."""
+        if hasattr(self, "packed_u8"):
+            return "oneDNN prepacked, u8"
+        return "oneDNN prepacked, s8" if hasattr(self, "packed") else "_int_mm"
+
     def extra_repr(self) -> str:
-        kernel = "oneDNN prepacked" if hasattr(self, "packed") else "_int_mm"
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 x two int8 passes ({kernel})"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 x two int8 passes ({self.kernel})"
 
 
 @torch.library.custom_op("pardec::onednn_int8_mm", mutates_args=())
-def onednn_int8_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
-    """``(x @ codes.T) * scales`` in float32 for int8 `x` [M, K] and `packed`, oneDNN's
-    prepacked int8 codes [N, K] (`onednn_int8_packed`); integer accumulation, exact.
+def onednn_int8_mm(
+    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x_zero_point: int
+) -> torch.Tensor:
+    """``((x - x_zero_point) @ codes.T) * scales`` in float32 for `x` [M, K] (int8 with zero
+    point 0, or uint8 with 128) and `packed`, oneDNN's prepacked int8 codes [N, K]
+    (`onednn_int8_packed`); integer accumulation, exact.
 
     An opaque op so that inductor calls the kernel as it is: its own lowering of
     ``onednn.qlinear_pointwise`` wants the packed weight as a frozen constant, and the
     runner passes weights as inputs (one saved step serves every checkpoint).
     """
-    return torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, scales, zeros, None, 1.0, 0, torch.float32, "none", [], "")
+    return torch.ops.onednn.qlinear_pointwise(
+        x, 1.0, x_zero_point, packed, scales, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+    )
 
 
 @onednn_int8_mm.register_fake
-def _(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x_zero_point: int) -> torch.Tensor:
     return x.new_empty((x.shape[0], scales.shape[0]), dtype=torch.float32)
 
 
@@ -343,50 +360,73 @@ def int_mm_scaled(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) ->
     return torch._int_mm(x, codes.t()).float() * scales
 
 
-def onednn_int8_packed(codes: torch.Tensor, scales: torch.Tensor, *, timed: bool = True) -> torch.Tensor | None:
-    """oneDNN's prepacked copy of int8 `codes` [N, K] (float32 `scales` [N]), or None where
-    this torch or CPU cannot multiply by it, it is slower than ``torch._int_mm`` here (when
-    `timed`), or its products differ from ``_int_mm``'s (checked once on 8 rows; every int8 kernel must
-    agree exactly)."""
+def _as_uint8(x: torch.Tensor) -> torch.Tensor:
+    """int8 `x` as uint8 ``x + 128`` (the sign bit flipped)."""
+    return torch.bitwise_xor(x.view(torch.uint8), 128)
+
+
+def onednn_int8_packed(codes: torch.Tensor, scales: torch.Tensor, *, timed: bool = True) -> tuple[torch.Tensor, int] | None:
+    """oneDNN's prepacked copy of int8 `codes` [N, K] (float32 `scales` [N]) and the zero
+    point its activations take (0: signed int8; 128: uint8), or None where this torch or CPU
+    cannot multiply by it, it is slower than ``torch._int_mm`` here, or its products differ
+    from ``_int_mm``'s (checked once on 8 rows; every int8 kernel must agree exactly).
+    `timed`: choose by timing (`_fastest_int8_kernel`); else uint8, VNNI's native form."""
     if codes.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
     zeros = torch.zeros((), dtype=torch.long)
     try:
-        if timed and not _prepacked_is_faster(codes, scales, zeros):
-            return None
         packed = torch.ops.onednn.qlinear_prepack(codes, None)
-        probe = torch.randint(-127, 128, (8, codes.shape[1]), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
-        got = onednn_int8_mm(probe, packed, scales, zeros)
+        x_zero_point = _fastest_int8_kernel(codes, packed, scales, zeros) if timed else 128
+        if x_zero_point is None:
+            return None
+        probe = torch.randint(
+            -127, 128, (8, codes.shape[1]), dtype=torch.int8, generator=torch.Generator().manual_seed(0)
+        )
+        got = onednn_int8_mm(_as_uint8(probe) if x_zero_point else probe, packed, scales, zeros, x_zero_point)
         want = int_mm_scaled(probe, codes, scales)
     except (RuntimeError, AttributeError, NotImplementedError):
         return None
-    return packed if torch.equal(got, want) else None
+    return (packed, x_zero_point) if torch.equal(got, want) else None
 
 
-#: Rows of the codes the speed probe multiplies: enough to time a real kernel (~1-2% of a
-#: 49k vocabulary), few enough that a slow one costs tens of milliseconds once, at load.
-SPEED_PROBE_ROWS = 2048
+#: Rows of the codes on which a kernel is first screened: a kernel over 4x slower than
+#: the fastest there (oneDNN's reference fallback) is not timed on the whole matrix.
+SCREEN_ROWS = 2048
 
 
-def _prepacked_is_faster(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> bool:
-    """Whether oneDNN's prepacked product beats ``_int_mm`` on a slice of `codes`, at a
-    one-token step's two rows (fastest of 3 calls each). oneDNN has no fast signed-int8
-    kernel on every CPU: on an AVX512-VNNI AMD EPYC without AMX it ran ~80x slower."""
-    part, part_scales = codes[:SPEED_PROBE_ROWS].contiguous(), scales[:SPEED_PROBE_ROWS].contiguous()
-    packed = torch.ops.onednn.qlinear_prepack(part, None)
+def _fastest_int8_kernel(codes: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> int | None:
+    """The activations' zero point of oneDNN's fastest prepacked product here (0: signed
+    int8, 128: uint8), or None where ``_int_mm`` is fastest: timed at a one-token step's two
+    rows, fastest of 3 calls each, on the whole `codes` (``_int_mm``'s cost is reordering
+    them, which a slice that stays in cache would hide) after a screen on a slice. On an AMD
+    EPYC with AVX512-VNNI and no AMX: signed ~80x slower than ``_int_mm``, uint8 3x faster."""
     x = torch.randint(-127, 128, (2, codes.shape[1]), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    x_u8 = _as_uint8(x)
+    part, part_scales = codes[:SCREEN_ROWS].contiguous(), scales[:SCREEN_ROWS].contiguous()
+    part_packed = torch.ops.onednn.qlinear_prepack(part, None)
 
-    def fastest(call: Callable[[], torch.Tensor]) -> float:
-        call()  # warm-up: first-call dispatch and kernel generation
+    def fastest(run: Callable[..., torch.Tensor], *args: torch.Tensor) -> float:
+        run(*args)  # warm-up: first-call dispatch and kernel generation
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            call()
+            run(*args)
             times.append(time.perf_counter() - start)
         return min(times)
 
-    prepacked = fastest(lambda: onednn_int8_mm(x, packed, part_scales, zeros))
-    return prepacked < fastest(lambda: int_mm_scaled(x, part, part_scales))
+    kernels: dict[int | None, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+        None: lambda codes_, packed_, scales_: int_mm_scaled(x, codes_, scales_),
+        128: lambda codes_, packed_, scales_: onednn_int8_mm(x_u8, packed_, scales_, zeros, 128),
+        0: lambda codes_, packed_, scales_: onednn_int8_mm(x, packed_, scales_, zeros, 0),
+    }
+    screened = {key: fastest(run, part, part_packed, part_scales) for key, run in kernels.items()}
+    best = min(screened.values())
+    timed = {
+        key: fastest(run, codes, packed, scales)
+        for key, run in kernels.items()
+        if screened[key] <= 4 * best
+    }
+    return min(timed, key=lambda key: timed[key])
 
 
 def _int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

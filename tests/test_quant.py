@@ -143,9 +143,11 @@ def test_the_int8_head_gives_a_row_the_same_logits_whatever_the_rows_beside_it(d
         assert all(torch.equal(head(x[i : i + 1])[0], together[i]) for i in range(33))
 
 
-def test_the_int8_heads_prepacked_kernel_computes_what_int_mm_does() -> None:
-    """oneDNN's prepacked int8 matmul (where this torch has it, fast or not on this CPU)
-    and torch._int_mm are two kernels for one function: integer products, bit for bit."""
+@pytest.mark.parametrize("x_zero_point", [0, 128], ids=["signed", "unsigned"])
+def test_the_int8_heads_prepacked_kernel_computes_what_int_mm_does(x_zero_point) -> None:
+    """oneDNN's prepacked int8 matmul (where this torch has it, fast or not on this CPU),
+    with signed activations or shifted into uint8 with zero point 128, and torch._int_mm
+    are kernels for one function: integer products, bit for bit."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")
     generator = torch.Generator().manual_seed(1)
@@ -153,7 +155,8 @@ def test_the_int8_heads_prepacked_kernel_computes_what_int_mm_does() -> None:
     scales = torch.rand(1000, generator=generator)
     x = torch.randint(-127, 128, (20, 64), dtype=torch.int8, generator=generator)
     packed = torch.ops.onednn.qlinear_prepack(codes, None)
-    got = quant.onednn_int8_mm(x, packed, scales, torch.zeros((), dtype=torch.long))
+    activations = quant._as_uint8(x) if x_zero_point else x
+    got = quant.onednn_int8_mm(activations, packed, scales, torch.zeros((), dtype=torch.long), x_zero_point)
     assert torch.equal(got, quant.int_mm_scaled(x, codes, scales))
 
 
@@ -164,11 +167,11 @@ def test_the_int8_head_takes_the_prepacked_kernel_where_it_is_faster_and_gives_t
     dense = nn.Linear(64, 1000, bias=False).to(torch.bfloat16)
     x = torch.randn(20, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16) * 3
     plain, chosen, packed = Int8Head(dense, prepack=False), Int8Head(dense), Int8Head(dense, prepack=True)
-    assert not hasattr(plain, "packed") and "_int_mm" in repr(plain)
-    if not hasattr(packed, "packed"):
+    assert plain.kernel == "_int_mm"
+    if packed.kernel == "_int_mm":
         pytest.skip("oneDNN's int8 matmul is not available in this torch")
-    assert "oneDNN prepacked" in repr(packed)
-    assert "packed" not in packed.state_dict()  # an opaque copy, rebuilt at every load
+    assert packed.kernel == "oneDNN prepacked, u8"  # VNNI's native form, unless timed
+    assert not any("packed" in name for name in packed.state_dict())  # an opaque copy, rebuilt at every load
     with torch.no_grad():
         assert torch.equal(packed(x), plain(x))
         assert torch.equal(chosen(x), plain(x))
