@@ -156,6 +156,29 @@ def test_what_tune_measured_is_said_in_plain_words_with_its_spread_before_the_be
     assert describe_profile(TunedProfile("chat")) == ["nothing measured yet"]
 
 
+def test_the_best_tune_reports_is_the_one_auto_would_rank_first_or_plain_decoding() -> None:
+    """The search's last round ranks only what reached it; the summary's best is what
+    auto ranks first from all of it (a speed-up shrunk by how few prompts it rests on),
+    and plain decoding where nothing measured beats it."""
+    from pardec_cli.tuning.tuner import describe_profile
+
+    def profile(*candidates: tuple[str, int, float, int]) -> TunedProfile:
+        runs = [Run("vanilla", f"p{i}", 65, 1.0, 64, 0, 0.0, True) for i in range(30)]
+        found = []
+        for method, size, speedup, prompts in candidates:
+            label = f"{method}[num_draft={size}]"
+            runs += [Run(label, f"p{i}", 65, 1.0 / speedup, 50, 100, 0.01, True) for i in range(prompts)]
+            found.append(TunedCandidate(method, {"num_draft": size}, 1.3, 2.0, 0.1, 64 * speedup, speedup, prompts, 0, 1))
+        # The search ended on the one measured over the most prompts, whatever its speed-up.
+        last_round = max(found, key=lambda c: c.prompts).label
+        return TunedProfile("chat", found, best=last_round, complete=True, runs=runs)
+
+    assert describe_profile(profile(("pld", 4, 0.90, 28), ("pld", 2, 1.06, 4)))[-1] == (
+        "best: pld[num_draft=2] (1.06x plain decoding, 67.8 tok/s)")
+    assert describe_profile(profile(("pld", 4, 0.90, 28), ("pld", 2, 0.97, 4)))[-1] == (
+        "best: plain decoding (nothing measured beat it)")
+
+
 def test_progress_shows_from_the_first_event_on_a_terminal_and_a_line_per_phase_in_a_pipe(capsys) -> None:
     from pardec_cli.cli.tune import ProgressView
     from pardec_cli.tuning.search import Progress

@@ -15,7 +15,7 @@ Measured beats guessed. A configuration measured on this machine for this profil
 (by `pardec tune`, or by use: `selection.learned`) enters with its measured speed-up,
 and while any is measured, every prior ranks below them: a prior can only win where
 nothing was measured. Measured ones rank by their speed-up shrunk towards 1.0 by how
-few runs stand behind it (`SHRINK_RUNS`), so one lucky prompt does not beat eight
+few runs stand behind it (`selection.learned.shrunk`), so one lucky prompt does not beat eight
 steady ones. Priors are discounted by how wrong priors have been on this machine: the
 runs-weighted geometric mean of measured / prior over configurations that have both
 (`prior_discount`), never above 1. Plain decoding (1.0) is always a candidate, so auto
@@ -59,9 +59,6 @@ AUTO_METHOD = "auto"
 SAMPLING_DISCOUNT = 0.6
 # An accelerator whose size is unknown is assumed to cost this share of a target forward.
 UNKNOWN_ACCELERATOR_SHARE = 0.15
-# A measured speed-up s over n runs ranks as 1 + (s - 1) * n / (n + SHRINK_RUNS): a
-# configuration measured once counts a third of its gain, one measured eight times 80%.
-SHRINK_RUNS = 2
 # Priors are never discounted below this share of themselves (a handful of bad
 # measurements should not make every prior look worthless).
 MIN_DISCOUNT = 0.25
@@ -90,8 +87,9 @@ class Estimate:
         """What ranks it: a measured speed-up shrunk by how few runs it rests on; else the estimate."""
         if self.measurement is None:
             return self.speedup
-        runs = self.measurement.runs
-        return 1.0 + (self.speedup - 1.0) * runs / (runs + SHRINK_RUNS)
+        from pardec_cli.selection.learned import shrunk
+
+        return shrunk(self.speedup, self.measurement.runs)
 
     def describe(self) -> str:
         """'measured 1.42x (1.30-1.51) over 12 runs (tune)', 'prior 1.71x, discounted to 1.10x', 'plain decoding'."""
