@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pardec_cli.bench import (
     HF_GREEDY, LLAMA_CPP, OVERALL, Run, format_tables, parse_baselines, summarize,
@@ -254,18 +255,19 @@ def test_real_llama_cpp_on_the_embedded_gguf_continues_like_pardec(embedded_pard
 
     monkeypatch.setenv("PARDEC_HOME", str(embedded_pardec_home))
     session = Session.load(None, dtype="float32", device="cpu", offline=True)
-    # A question the model answers with confidence: "Count from one to twenty" got a
-    # low-confidence answer that llama.cpp's int8-activation kernels on an AMX Xeon
-    # continued differently from the second token.
     ids = session.encode("What is the capital of France?")
-    ours = session.generate(ids, max_new_tokens=12).token_ids
     with LlamaCpp(find_gguf(session.model_name, source=session.model_source, path=session.model_path),
                   n_ctx=256, n_threads=2) as engine:
         first = engine.generate(ids, max_tokens=12, stop=sorted(session.eos_token_ids))
         again = engine.generate(ids, max_tokens=12, stop=sorted(session.eos_token_ids))
         settings = engine.settings()
     assert again.tokens == first.tokens and first.seconds > 0  # greedy; nothing carried over between runs
-    # The same Q4_1 weights (dequantized by pardec, kept packed by llama.cpp): a confident
-    # continuation starts the same.
-    assert first.tokens[:4] == ours[:4]
+    # The same Q4_1 weights (dequantized by pardec, kept packed by llama.cpp, whose int8
+    # activations move logits by up to ~1): each of llama.cpp's first tokens is pardec's
+    # own greedy choice or within a logit of it. Token equality is too strict: on an AMD
+    # EPYC this prompt's first token is a near-tie (25.33 vs 25.24) that llama.cpp flips.
+    with torch.no_grad():
+        logits = session.target.model(torch.tensor([ids + first.tokens[:4]])).logits[0, len(ids) - 1 :]  # [5, V]
+    gaps = [float(logits[i].max() - logits[i, token]) for i, token in enumerate(first.tokens[:4])]
+    assert len(gaps) == 4 and max(gaps) < 1.0, gaps
     assert settings["version"] == importlib.metadata.version("llama_cpp_python")
