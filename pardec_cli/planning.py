@@ -149,14 +149,15 @@ def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str,
     With `adapt` on (the default) as method `adaptive`, whose arms are the choice at two
     sizes (`methods.adaptive.second_arm`: half its size, or a quarter where half verifies
     for more than 1.5 plain steps; larger where the choice itself verifies that cheaply)
-    and plain decoding: the choice runs first and keeps running while it
-    measures fastest. When auto expects nothing to beat plain decoding, plain decoding
+    and plain decoding (not for a method that drafts only what it rates likely,
+    `MethodSpec.sure_or_plain`: its unsure steps are plain already): the choice runs
+    first and keeps running while it measures fastest. When auto expects nothing to beat plain decoding, plain decoding
     runs first and the best other candidate gets a chance to prove the estimate wrong, at
     a size whose junk drafts cost little (both sizes: `methods.adaptive.challenger_arm`).
     """
     from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, challenger_arm, second_arm
     from pardec_cli.methods.options import resolve_options
-    from pardec_cli.methods.registry import AUTO_OPTIONS
+    from pardec_cli.methods.registry import AUTO_OPTIONS, get_spec
 
     method, knobs = choice.method, dict(choice.knobs)
     if not resolve_options(AUTO, AUTO_OPTIONS, options)["adapt"]:
@@ -167,8 +168,10 @@ def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str,
             return method, knobs, []
         arms = ["vanilla", challenger_arm(other.method, dict(other.knobs), choice.curve.relative)]
     else:
-        arms = [arm_label(method, knobs), second_arm(method, knobs, choice.curve.relative), "vanilla"]
+        arms = [arm_label(method, knobs), second_arm(method, knobs, choice.curve.relative)]
         arms = list(dict.fromkeys(arms))
+        if len(arms) < 2 or not all(get_spec(part).sure_or_plain for part in method.split("+")):
+            arms.append("vanilla")
     line = (f"adapt     while decoding, switch among {', '.join(arms)} by measured tokens/s "
             f"(-O adapt=off keeps {arm_label(method, knobs)})")
     return "adaptive", {"arms": f" {ARM_SEPARATOR} ".join(arms)}, [line]

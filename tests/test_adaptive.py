@@ -328,7 +328,7 @@ def test_stats_count_switches_and_time_per_arm():
 # -- auto's arms ------------------------------------------------------------------------
 
 
-def test_arms_are_the_choice_at_two_sizes_then_plain_decoding():
+def test_arms_are_the_choice_at_two_sizes_then_plain_decoding_unless_unsure_steps_are_plain():
     """On a flat curve (a GPU) a choice below its method's default size also runs larger,
     up to that default; at or above it, at half its size."""
     def arms(method, knobs):
@@ -342,6 +342,11 @@ def test_arms_are_the_choice_at_two_sizes_then_plain_decoding():
         "suffix+recycling[recycling.depth=4,recycling.nodes=32,suffix.max_nodes=32] | vanilla"
     )
     assert arms("pld", {"num_draft": 1}) == "pld[num_draft=1] | pld[num_draft=4] | vanilla"
+    # suffix drafts only branches it rates likely: its unsure steps are plain decoding's
+    # already, so it runs at two sizes alone (a plain arm missed rag's short copy bursts).
+    assert arms("suffix", {"max_nodes": 16}) == "suffix[max_nodes=16] | suffix[max_nodes=32]"
+    assert arms("suffix", {"max_nodes": 64}) == "suffix[max_nodes=64] | suffix[max_nodes=32]"
+    assert arms("suffix", {"max_nodes": 1}) == "suffix[max_nodes=1] | suffix[max_nodes=4]"
     assert sized_knobs("vanilla", {}, 0.5) == ({}, None)  # no size knob: nothing to scale
     assert parse_arms("layerskip[layer_list=0-5,8,k=2] | vanilla") == [
         ("layerskip[layer_list=0-5,8,k=2]", "layerskip", {"layer_list": "0-5,8", "k": "2"}), ("vanilla", "vanilla", {})]
@@ -389,9 +394,9 @@ def test_the_challenger_of_plain_decoding_drafts_only_as_much_as_junk_can_cheapl
     # larger where the choice itself costs that little (up to the method's default, 32).
     suffix16 = {"max_nodes": 16}
     assert auto_method(choice("suffix", suffix16, curve=FLAT), {})[1]["arms"] == \
-        "suffix[max_nodes=16] | suffix[max_nodes=32] | vanilla"
+        "suffix[max_nodes=16] | suffix[max_nodes=32]"
     assert auto_method(choice("suffix", suffix16, curve=tiles), {})[1]["arms"] == \
-        "suffix[max_nodes=16] | suffix[max_nodes=4] | vanilla"
+        "suffix[max_nodes=16] | suffix[max_nodes=4]"
 
 
 def test_a_choice_tune_sized_down_for_this_cpu_can_still_grow_when_the_text_copies_well():
@@ -402,7 +407,7 @@ def test_a_choice_tune_sized_down_for_this_cpu_can_still_grow_when_the_text_copi
         "pld[num_draft=2] | pld[num_draft=8] | vanilla"
     # 5 rows cost 1.57 steps there: suffix[4] is not cheap, its second arm is smaller.
     assert auto_method(choice("suffix", {"max_nodes": 4}, curve=tiles), {})[1]["arms"] == \
-        "suffix[max_nodes=4] | suffix[max_nodes=2] | vanilla"
+        "suffix[max_nodes=4] | suffix[max_nodes=2]"
 
 
 # -- through the CLI ----------------------------------------------------------------------

@@ -43,6 +43,11 @@ class MethodSpec:
     # The knob that sets how many tokens a step verifies (nodes, draft length): adaptive
     # decoding runs auto's choice at a few values of it (`methods.adaptive.sized_knobs`).
     size_option: str | None = None
+    # Drafts only what it rates likely (suffix: branches of at least min_prob) and nothing
+    # otherwise, so its steps without a likely continuation are plain decoding's already:
+    # auto's adaptive runs it at two sizes without a plain-decoding arm, which on
+    # retrieval text missed the short copy bursts (docs/adaptive.md).
+    sure_or_plain: bool = False
 
 
 _ADAPTIVE_DRAFT = (
@@ -153,6 +158,7 @@ METHODS: dict[str, MethodSpec] = {
             ),
             combinable=True,
             size_option="max_nodes",
+            sure_or_plain=True,
         ),
         MethodSpec(
             "medusa",
