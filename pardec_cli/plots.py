@@ -108,9 +108,10 @@ def tune_figures(results: Any, *, width: int = DEFAULT_WIDTH, color: bool = Fals
                                        title=f"{results.model} on {results.device}: ms per forward pass"))  # fmt: skip
     speedups = {}
     for name, profile in results.profiles.items():
-        best = profile.best_candidate()
-        if best is not None:
-            speedups[f"{name}: {best.label}"] = best.speedup
+        if not any(c.method != "vanilla" for c in profile.candidates):
+            continue  # nothing measured yet
+        best = profile.best_measured()  # as auto ranks them (and as `describe_profile` says)
+        speedups[f"{name}: {best.label}" if best else f"{name}: plain decoding"] = best.speedup if best else 1.0
     if speedups:
         parts.append(speedup_figure(speedups, width=width, color=color))
     return "\n\n".join(part for part in parts if part)

@@ -47,5 +47,15 @@ def test_tune_show_draws_the_curve_then_the_best_method_per_profile() -> None:
     assert "extraction" not in picture.split("speed-up over vanilla", 1)[1]
 
 
+def test_a_profile_where_nothing_beat_plain_decoding_draws_plain_decoding_as_auto_ranks_it() -> None:
+    """The bar is what auto would run (as `pardec tune`'s summary says), not the search's
+    last round: here that round ended on pld at 0.90x."""
+    chat = TunedProfile("chat", candidates=[candidate("pld", {}, 0.9)])
+    chat.best = chat.candidates[0].label
+    picture = tune_figures(TunedResults("m", "f", "cpu", "float32", profiles={"chat": chat}), width=80)
+    bar = next(line for line in picture.splitlines() if line.startswith("chat: "))
+    assert bar.startswith("chat: plain decoding") and bar.rstrip().endswith("1.00")
+
+
 def test_nothing_measured_draws_nothing() -> None:
     assert tune_figures(TunedResults("m", "f", "cpu", "float32"), width=80) == ""

@@ -102,7 +102,19 @@ class TunedProfile:
     runs: list[Run] = field(default_factory=list)
 
     def best_candidate(self) -> TunedCandidate | None:
+        """The search's winner (`best`: its last complete round's first)."""
         return next((c for c in self.candidates if c.label == self.best), None)
+
+    def best_measured(self) -> TunedCandidate | None:
+        """The candidate auto ranks first from what was measured: its speed-up shrunk by how
+        few prompts it rests on (`selection.learned.shrunk`); None where none beats plain
+        decoding or nothing was measured. The search's last round may disagree."""
+        from pardec_cli.selection.learned import shrunk
+
+        scored = [(shrunk(m.speedup, m.runs), c) for c in self.candidates if c.method != "vanilla"
+                  for m in [candidate_measurement(self, c)]]  # fmt: skip
+        score, best = max(scored, key=lambda sc: sc[0], default=(0.0, None))
+        return best if score > 1.0 else None
 
 
 @dataclass

@@ -332,7 +332,6 @@ def describe_results(results: TunedResults, *, applies: bool | None = None) -> l
 
 def describe_profile(profile: TunedProfile) -> list[str]:
     """What tune measured for one profile, in plain words, and only then the best."""
-    from pardec_cli.selection.learned import shrunk
     from pardec_cli.selection.tuned import candidate_measurement
 
     measured = sorted(((c, candidate_measurement(profile, c)) for c in profile.candidates if c.method != "vanilla"),
@@ -344,10 +343,8 @@ def describe_profile(profile: TunedProfile) -> list[str]:
                      f"over {m.runs} prompt{'s' * (m.runs != 1)}, {c.matched}/{c.prompts} outputs equal to plain decoding's")
     if not measured:
         return ["nothing measured yet"]
-    # The best as auto ranks these measurements: shrunk by how few prompts each rests on,
-    # and plain decoding where none beats it (the search's last round may disagree).
-    best, m = max(measured, key=lambda cm: shrunk(cm[1].speedup, cm[1].runs))
-    if shrunk(m.speedup, m.runs) > 1.0:
+    best = profile.best_measured()  # as auto ranks them, not the search's last round
+    if best is not None:
         lines.append(f"best: {best.label} ({best.speedup:.2f}x plain decoding, {best.tokens_per_s:.1f} tok/s)")
     else:
         lines.append("best: plain decoding (nothing measured beat it)")
