@@ -53,7 +53,13 @@ STEP_FORMAT = 3
 #: Inductor options of the precompiled (CPU) steps. No runtime size, stride or alignment
 #: asserts: the runner alone builds the inputs, a loaded step is checked against the
 #: eager one, and the ~970 asserts per one-token step cost Python time on every step.
-PRECOMPILE_OPTIONS: dict[str, Any] = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
+#: `realize_opcount_threshold`: store a broadcast operand once its expression has more
+#: than 10 ops (inductor's CPU default, 50, kept the rotary-embedded query [9, 1, 64]
+#: inlined in the one-token step's q.k reduction, so its cos and sin were recomputed for
+#: every key: 33 us per layer instead of 10, 11% of that step; docs/runner.md).
+PRECOMPILE_OPTIONS: dict[str, Any] = {
+    "size_asserts": False, "alignment_asserts": False, "scalar_asserts": False, "realize_opcount_threshold": 10,
+}
 #: Attention reads the filled rows rounded up to this many (CPU; CUDA graphs read the
 #: whole buffer: one recorded graph, not one per width).
 WINDOW_ROWS = 64
