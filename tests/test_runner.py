@@ -408,6 +408,11 @@ def test_the_fingerprint_names_architecture_dtype_and_weight_layout_not_weights(
     assert step_fingerprint(with_a_buffer) != base
     monkeypatch.setattr("transformers.__version__", "99.0")  # other modeling code was traced
     assert step_fingerprint(tiny_llama(0)) != base
+    monkeypatch.undo()
+    assert step_fingerprint(tiny_llama(0)) == base
+    # Kernels compiled for AVX512 would not run on an AVX2-only CPU sharing the store.
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "SOMETHING ELSE")
+    assert step_fingerprint(tiny_llama(0)) != base
 
 
 def test_without_compile_missing_only_saved_steps_run_compiled(tmp_path):

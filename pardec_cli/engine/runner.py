@@ -95,7 +95,8 @@ def step_fingerprint(model: Any) -> str:
     """What a saved step depends on: the architecture (config without its attention
     choice), the attention the runner uses, dtype, device type, the weight layout (module
     classes, their quantization groups and buffer names), the versions of torch, transformers and
-    pardec, and the compile options. Not the weights: they are inputs of the graph."""
+    pardec, the compile options and, on a CPU, the vector instructions the kernels were
+    compiled for. Not the weights: they are inputs of the graph."""
     config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k not in ("transformers_version", "name_or_path")}
     first = next(model.parameters())
     # Buffer names too: a module that gains one (within a pardec version) traces another graph.
@@ -110,7 +111,10 @@ def step_fingerprint(model: Any) -> str:
     from pardec_cli import __version__
 
     versions = [torch.__version__, transformers.__version__, __version__]
-    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS]
+    # A step saved with AVX512 kernels must not load where only AVX2 runs (a home shared
+    # between machines, ATEN_CPU_CAPABILITY=avx2): inductor follows ATen's capability.
+    isa = torch.backends.cpu.get_cpu_capability() if first.device.type == "cpu" else ""
+    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS, isa]
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
