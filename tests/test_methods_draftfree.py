@@ -348,3 +348,22 @@ def test_combined_gives_each_part_its_own_view_of_the_outcome():
     assert rec_outcome.top_tokens.shape == (len(rec_draft) + 1, 2)
     assert rec_outcome.top_tokens[0].tolist() == top[0].tolist()  # the root's row
     assert rec_outcome.step_inputs == (3, *merged.tokens)  # recycling learns from pld's nodes too
+
+
+def test_suffix_drafts_nothing_after_a_match_shorter_than_min_match():
+    env = make_env(_model(0))
+    prompt = [1, 2, 3, 9, 8, 7, 5]
+    one = registry.create("suffix", {"min_prob": 0.0}, env)
+    _start(one, prompt)
+    assert one.propose([*prompt, 9], 10).tokens[0] == 8  # "9" was followed by 8 once
+    def with_min_match_2(context):
+        two = registry.create("suffix", {"min_prob": 0.0, "min_match": 2, "history_tokens": 0}, env)
+        _start(two, prompt)
+        return two, two.propose(context, 10)
+
+    assert len(with_min_match_2([*prompt, 9])[1]) == 0  # a one-token match: nothing
+    two, draft = with_min_match_2([*prompt, 3, 9])
+    assert draft.tokens[0] == 8  # "3 9": two tokens
+    assert two.knobs()["min_match"] == 2
+    with pytest.raises(PardecUsageError, match="min_match"):
+        registry.create("suffix", {"min_match": 0}, env)

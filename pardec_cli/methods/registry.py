@@ -151,6 +151,7 @@ METHODS: dict[str, MethodSpec] = {
             (
                 MethodOption("depth", int, 24, "longest substring the suffix tries index"),
                 MethodOption("max_match", int, 12, "longest context suffix to match (at most depth - 1)"),
+                MethodOption("min_match", int, 1, "shortest context suffix a draft may follow (1: any match)"),
                 MethodOption("factor", float, 4.0, "tree nodes per matched token"),
                 MethodOption("max_nodes", int, 32, "largest tree", search=(4, 6, 8, 12, 16, 24, 32, 48, 64, 96)),
                 MethodOption("min_prob", float, 0.1, "least estimated probability of a drafted branch"),

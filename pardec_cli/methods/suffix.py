@@ -141,15 +141,20 @@ class SuffixDrafting(ProposerBase):
 
     def __init__(
         self, env: MethodEnv, *, depth: int, max_match: int, factor: float, max_nodes: int, min_prob: float,
-        history_tokens: int,
+        history_tokens: int, min_match: int = 1,
     ) -> None:
         if depth < 2 or max_match < 1:
             raise PardecUsageError(f"suffix needs depth >= 2 and max_match >= 1, got {depth} and {max_match}")
+        if not 1 <= min_match <= max_match:
+            raise PardecUsageError(f"suffix needs 1 <= min_match <= max_match, got min_match={min_match}")
         if factor <= 0 or max_nodes < 1 or not 0.0 <= min_prob < 1.0 or history_tokens < 0:
             raise PardecUsageError("suffix needs factor > 0, max_nodes >= 1, 0 <= min_prob < 1 and history_tokens >= 0")
         # A match of m tokens leaves depth - m tokens of continuation in the tries.
         self.depth, self.max_match, self.factor = depth, min(max_match, depth - 1), factor
         self.max_nodes, self.min_prob, self.history_tokens = max_nodes, min_prob, history_tokens
+        # A continuation seen once after a one-token match scores 1.0 against min_prob:
+        # shorter matches than this draft nothing.
+        self.min_match = min(min_match, self.max_match)
         del env
         # Not shared between proposers: a benchmark running several methods on one prompt
         # must not let one copy that prompt's output from another.
@@ -184,6 +189,7 @@ class SuffixDrafting(ProposerBase):
             earlier = self.history.trie.longest_match(context, self.max_match)
             if earlier is not None:
                 matches.append((self.history.trie, *earlier))
+        matches = [match for match in matches if match[2] >= self.min_match]
         if not matches or max_tokens <= 0:
             return EMPTY_DRAFT
         budget = min(self.max_nodes, ceil(self.factor * max(length for _, _, length in matches)))
@@ -231,5 +237,5 @@ class SuffixDrafting(ProposerBase):
     def knobs(self) -> dict[str, Any]:
         return {
             "depth": self.depth, "max_match": self.max_match, "factor": self.factor, "max_nodes": self.max_nodes,
-            "min_prob": self.min_prob, "history_tokens": self.history_tokens,
+            "min_prob": self.min_prob, "history_tokens": self.history_tokens, "min_match": self.min_match,
         }

@@ -119,6 +119,7 @@ TABLE: dict[str, Row] = {
             Carry("history_tokens", "suffix_decoding_max_cached_requests", _history_to_cached_requests,
                   note="vLLM keeps earlier outputs by request (10000 by default), not by tokens"),
             NoCounterpart("max_match", "matches the longest suffix of the last `depth` tokens"),
+            NoCounterpart("min_match", "drafts after a match of any length", (1,)),
         ),
         summary="suffix (Arctic Inference's suffix decoding)",
         requires=("arctic_inference", "arctic-inference"),
