@@ -27,6 +27,7 @@ from pardec_cli.engine.runner import (
     CompiledLanguageModel,
     compile_options,
     graph_kind,
+    padded_rows,
     step_file,
     step_fingerprint,
     step_mask,
@@ -109,6 +110,18 @@ def test_a_chain_mask_is_causal():
     assert torch.equal(seen[:, 3:7], torch.ones(4, 4, dtype=torch.bool).tril())
     assert not seen[:, 7:].any()
     assert positions.tolist() == [[3, 4, 5, 6]]
+
+
+def test_padded_rows_see_the_cache_and_themselves_and_take_the_next_positions():
+    mask, positions = step_mask(3, 3, 16, None, dtype=torch.float32, device=torch.device("cpu"), padding=2)
+    seen = mask[0, 0] == 0
+    assert mask.shape == (1, 1, 5, 16)
+    assert torch.equal(seen[:3, 3:6], torch.ones(3, 3, dtype=torch.bool).tril())  # the real rows: unchanged
+    assert not seen[:3, 6:].any()  # nor do they see the padding
+    assert seen[3:, :3].all() and seen[3, 6] and seen[4, 7]
+    assert seen[3:].sum(dim=1).tolist() == [4, 4]  # the cache and itself: softmax stays finite
+    assert positions.tolist() == [[3, 4, 5, 6, 7]]
+    assert [padded_rows(n) for n in (2, 3, 4, 5, 17, 33, 64)] == [2, 4, 4, 8, 32, 64, 64]
 
 
 def test_the_static_cache_rolls_back_by_length_and_grows_keeping_its_rows():
@@ -199,6 +212,86 @@ def test_every_method_on_the_static_runner_equals_plain_decoding(method, options
     tokens, events = run_on(eager_static(model), method, options, random_prompt(seed), max_new_tokens=40, drafter=drafter)
     assert tokens == list(_reference(seed, sharp, 40))
     assert events[-1].finish_reason == FINISH_LENGTH
+
+
+def padded_static(model, rows_seen: list[int]) -> CompiledLanguageModel:
+    """A static runner padding its verify steps (as on CUDA), recording each graph call's row count."""
+
+    def recording_compile(fn, **kwargs):
+        def step(model, input_ids, *args):
+            rows_seen.append(input_ids.shape[1])
+            return fn(model, input_ids, *args)
+
+        return step
+
+    return CompiledLanguageModel(model, compile_fn=recording_compile, pad_rows=True)
+
+
+@pytest.mark.parametrize("seed,sharp", [(0, True), (1, False)], ids=["peaked", "flat"])
+@pytest.mark.parametrize("method,options", METHOD_CASES + TREE_CASES, ids=str)
+def test_verify_steps_padded_to_a_power_of_two_give_the_tokens_of_plain_decoding(method, options, seed, sharp):
+    """CUDA's padded steps: 2-64 rows run as the next power of two, the padding's outputs dropped."""
+    model = _model(seed, sharp)
+    rows_seen: list[int] = []
+    runner = padded_static(model, rows_seen)
+    drafter = tiny_llama(seed + 100, layers=2)
+    tokens, events = run_on(runner, method, options, random_prompt(seed), max_new_tokens=40, drafter=drafter)
+    assert tokens == list(_reference(seed, sharp, 40))
+    assert set(rows_seen) <= {1, 2, 4, 8, 16, 32, 64}
+    assert cache_rows_match_plain_decoding(runner, method, options, seed, drafter)
+
+
+def cache_rows_match_plain_decoding(runner, method, options, seed, drafter) -> bool:
+    """After a padded generation the cache holds what an unpadded one does, up to its length."""
+    plain = eager_static(runner.model)
+    caches = []
+    for lm in (runner, plain):
+        original = lm.new_cache
+        lm.new_cache = lambda tokens=0, original=original: caches.append(original(tokens)) or caches[-1]
+        run_on(lm, method, options, random_prompt(seed), max_new_tokens=40, drafter=drafter)
+        del lm.new_cache
+    padded, unpadded = caches[0], caches[-1]
+    n = unpadded.length
+    return padded.length == n and all(
+        torch.allclose(a.keys[:, :, :n], b.keys[:, :, :n], atol=1e-5) and torch.allclose(a.values[:, :, :n], b.values[:, :, :n], atol=1e-5)
+        for a, b in zip(padded.layers, unpadded.layers)
+    )
+
+
+@pytest.mark.parametrize("method,options", [("medusa", {}), ("eagle", {}), ("eagle3", {"topk": 3, "depth": 3, "nodes": 8})], ids=str)
+def test_heads_read_the_hidden_states_of_padded_steps_exactly(tmp_path, method, options):
+    model = peaked(tiny_llama(2))
+    folders = {kind: tmp_path / kind for kind in ("medusa", "eagle", "eagle3")}
+    write_medusa(folders["medusa"], model, seed=2)
+    write_eagle1(folders["eagle"], model, seed=2)
+    write_eagle3(folders["eagle3"], model, seed=2)
+    rows_seen: list[int] = []
+    env = head_env(model, folders, target=padded_static(model, rows_seen))
+    prompt = random_prompt(2)
+    events = list(decode(env.target, registry.create(method, options, env), prompt, max_new_tokens=40))
+    assert [t for e in events for t in e.tokens] == hf_greedy(model, prompt, 40)
+    assert any(rows > 1 for rows in rows_seen) and set(rows_seen) <= {1, 2, 4, 8, 16, 32, 64}
+
+
+def test_a_new_generation_reuses_the_buffers_of_a_finished_one():
+    """Stable addresses for CUDA graphs: the buffers of a finished generation's cache are
+    handed to the next cache of that capacity (never to one in use), stale rows and all."""
+    model = _model(0, True)
+    runner = eager_static(model)
+    first = runner.new_cache(100)
+    address = first.layers[0].keys.data_ptr()
+    second = runner.new_cache(100)  # the first is still in use: its own buffers
+    assert second.layers[0].keys.data_ptr() != address
+    del first, second
+    third = runner.new_cache(100)
+    assert third.layers[0].keys.data_ptr() == address
+    assert runner.new_cache(2000).capacity != third.capacity  # another capacity: its own buffers
+    del third
+    long_prompt = random_prompt(7, length=150)
+    run_on(runner, "suffix", {}, long_prompt, max_new_tokens=20)  # leaves rows beyond a short prompt
+    tokens, _ = run_on(runner, "suffix", {}, random_prompt(0), max_new_tokens=40)
+    assert tokens == list(_reference(0, True, 40))
+    assert runner.new_cache(100).layers[0].keys.data_ptr() == address
 
 
 @pytest.mark.parametrize("method,options", [("pld", {}), ("suffix+recycling", {}), ("lookahead", {})], ids=str)

@@ -25,12 +25,18 @@ freezing), so one file serves every checkpoint of the same architecture, dtype a
 weight layout (`step_fingerprint`), and its guards are not checked per call (the runner
 alone builds its inputs); a loaded graph's first step is checked against the eager step.
 On CUDA the graphs use CUDA graphs (mode "reduce-overhead") through plain torch.compile.
+A CUDA graph is recorded per input shape and replays fixed addresses, so there the rows of
+a verify step are padded to a power of two (at most six recordings, not one per draft
+size; the padded rows see only the cache and themselves and their outputs are dropped),
+and a new generation reuses the cache buffers of a finished one of the same capacity
+(new buffers would make every recorded graph record again).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +148,11 @@ def attended_rows(filled: int, capacity: int, device_type: str) -> int:
     return min(capacity, -(-filled // WINDOW_ROWS) * WINDOW_ROWS)
 
 
+def padded_rows(rows: int) -> int:
+    """The row count a padded verify step runs with: the next power of two (2..64)."""
+    return 1 << (rows - 1).bit_length()
+
+
 def graph_kind(rows: int) -> str | None:
     """Which compiled graph runs a step of `rows` inputs (None: eager)."""
     if rows == 1:
@@ -152,14 +163,17 @@ def graph_kind(rows: int) -> str | None:
 
 
 def step_mask(
-    start: int, rows: int, width: int, parents: Sequence[int] | None, *, dtype: torch.dtype, device: torch.device
+    start: int, rows: int, width: int, parents: Sequence[int] | None, *, dtype: torch.dtype, device: torch.device,
+    padding: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask [1, 1, rows, width] over the first `width` cache rows (0 where attending, the
-    dtype's minimum elsewhere) and position ids [1, rows] for `rows` inputs written at
-    cache rows start..start+rows-1 (start + rows <= width).
+    """Mask [1, 1, rows + padding, width] over the first `width` cache rows (0 where
+    attending, the dtype's minimum elsewhere) and position ids [1, rows + padding] for
+    `rows` inputs written at cache rows start..start+rows-1 (start + rows + padding <= width).
 
     Row r sees the `start` cached rows and, among the new ones, itself and its ancestors:
     all earlier rows for a chain, the tree's ancestors with `parents` (`engine.tree`).
+    `padding` rows follow (written at the next cache rows, their outputs unused): each sees
+    the cached rows and itself, so its attention stays finite.
     """
     if parents is None:
         allowed = torch.ones(rows, rows, dtype=torch.bool).tril_()
@@ -168,10 +182,15 @@ def step_mask(
         allowed = torch.from_numpy(ancestor_matrix(parents))
         positions = torch.tensor([start, *(start + d for d in depths(parents))])
     low = torch.finfo(dtype).min
-    mask = torch.full((rows, width), low, dtype=dtype)
+    total = rows + padding
+    mask = torch.full((total, width), low, dtype=dtype)
     mask[:, :start] = 0
-    mask[:, start : start + rows].masked_fill_(allowed, 0)
-    return mask.view(1, 1, rows, width).to(device), positions.view(1, rows).to(device)
+    mask[:rows, start : start + rows].masked_fill_(allowed, 0)
+    if padding:
+        pad = torch.arange(rows, total)
+        mask[pad, start + pad] = 0
+        positions = torch.cat([positions, start + pad])
+    return mask.view(1, 1, total, width).to(device), positions.view(1, total).to(device)
 
 
 def _forward(model: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, hidden: bool, cache_keyword: str) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
@@ -207,7 +226,7 @@ class CompiledLanguageModel(LanguageModel):
 
     def __init__(
         self, model: Any, *, on_notice: Callable[[str], None] | None = None, compile_fn: Callable[..., Any] | None = None,
-        step_dir: Path | None = None, compile_missing: bool = True,
+        step_dir: Path | None = None, compile_missing: bool = True, pad_rows: bool | None = None,
     ) -> None:
         super().__init__(model)
         if not self.supports(model):
@@ -232,6 +251,11 @@ class CompiledLanguageModel(LanguageModel):
         self.compile_missing = compile_missing
         self._graphs: dict[tuple[str, bool], GraphState] = {}
         self.capacity_hint = 0
+        # Verify steps padded to a power of two (None: on CUDA, where each shape is a recording).
+        self.pad_rows = self.device.type == "cuda" if pad_rows is None else pad_rows
+        # capacity -> (the cache using these buffers, weakly; the buffers): a new cache takes
+        # the buffers of a finished generation (see the module doc).
+        self._spare: dict[int, tuple[weakref.ref[StaticKVCache], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
 
     # -- cache --------------------------------------------------------------------------
 
@@ -242,7 +266,13 @@ class CompiledLanguageModel(LanguageModel):
         capacity = capacity_for(max(tokens, 1) + MAX_COMPILED_ROWS)
         if limit is not None:
             capacity = min(capacity, capacity_for(limit + MAX_COMPILED_ROWS))
-        return StaticKVCache(self.config, capacity, dtype=self.dtype, device=self.device)
+        owner, buffers = self._spare.get(capacity, (None, None))
+        if owner is not None and owner() is not None:
+            buffers = None  # still in use (a chat's cache, a second generation at once)
+        cache = StaticKVCache(self.config, capacity, dtype=self.dtype, device=self.device, buffers=buffers)
+        if buffers is not None or owner is None:
+            self._spare[capacity] = (weakref.ref(cache), cache.buffers())
+        return cache
 
     # -- graphs -------------------------------------------------------------------------
 
@@ -313,15 +343,16 @@ class CompiledLanguageModel(LanguageModel):
             return super()._run(token_ids, cache, last_only, parents, hidden=hidden)
         rows = len(token_ids)
         start = cache.length
-        if start + rows > cache.capacity:
-            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
-        width = attended_rows(start + rows, cache.capacity, self.device.type)
-        mask, positions = step_mask(start, rows, width, parents, dtype=self.dtype, device=self.device)
-        cache.slots.positions = torch.arange(start, start + rows, device=self.device)
-        cache.slots.window = mask
-        input_ids = self.as_input(token_ids)
         # A prefill (last_only, many rows) runs eagerly: it keeps only the last row's logits.
         kind = graph_kind(rows) if rows == 1 or not last_only else None
+        padding = padded_rows(rows) - rows if kind == VERIFY and self.pad_rows else 0
+        if start + rows + padding > cache.capacity:
+            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
+        width = attended_rows(start + rows + padding, cache.capacity, self.device.type)
+        mask, positions = step_mask(start, rows, width, parents, dtype=self.dtype, device=self.device, padding=padding)
+        cache.slots.positions = torch.arange(start, start + rows + padding, device=self.device)
+        cache.slots.window = mask
+        input_ids = self.as_input([*token_ids, *[0] * padding])
         out = None
         if kind is not None:
             out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden, self._cache_keyword))
@@ -329,6 +360,9 @@ class CompiledLanguageModel(LanguageModel):
             out = self._eager(input_ids, positions, mask, cache, hidden, last_only)
         cache.length = start + rows
         logits, states = out
+        if padding:  # [1, rows + padding, V] -> [1, rows, V]; hidden states alike
+            logits = logits[:, :rows]
+            states = None if states is None else tuple(state[:, :rows] for state in states)
         return _Output(logits, states)
 
     def _compiled_step(self, kind: str, hidden: bool, args: tuple[Any, ...]) -> Any:

@@ -54,12 +54,11 @@ class StaticLayerKV(CacheLayerMixin):
     is_croppable = True
     is_sliding = False
 
-    def __init__(self, slots: _Slots, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, slots: _Slots, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self.slots = slots
-        self.dtype, self.device = dtype, device
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.dtype, self.device = keys.dtype, keys.device
+        self.keys, self.values = keys, values
         _static_address(self.keys, self.values)
         self.is_initialized = True
 
@@ -89,19 +88,39 @@ class StaticLayerKV(CacheLayerMixin):
         return self.keys.shape[-2]
 
 
-class StaticKVCache(Cache):
-    """The KV cache of a `runner.CompiledLanguageModel`: preallocated, rolled back by length."""
+def cache_shape(config: Any, capacity: int) -> tuple[tuple[int, int, int, int], int]:
+    """([1, H_kv, capacity, D], number of layers) of a static cache for `config`."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    return (1, kv_heads, capacity, head_dim), int(text.num_hidden_layers)
 
-    def __init__(self, config: Any, capacity: int, *, dtype: torch.dtype, device: torch.device) -> None:
-        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        heads = int(text.num_attention_heads)
-        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
-        self.shape = (1, kv_heads, capacity, head_dim)
+
+class StaticKVCache(Cache):
+    """The KV cache of a `runner.CompiledLanguageModel`: preallocated, rolled back by length.
+
+    `buffers` (one (keys, values) pair per layer, each [1, H_kv, capacity, D]) reuses the
+    buffers of a finished generation: the rows past `length` are hidden by the mask, so
+    what they hold does not matter, and a CUDA graph recorded over them replays as is.
+    """
+
+    def __init__(
+        self, config: Any, capacity: int, *, dtype: torch.dtype, device: torch.device,
+        buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
+        self.shape, count = cache_shape(config, capacity)
         self.slots = _Slots(device)
-        layers = [StaticLayerKV(self.slots, self.shape, dtype, device) for _ in range(int(text.num_hidden_layers))]
-        super().__init__(layers=layers)
+        if buffers is None:
+            buffers = [(torch.zeros(self.shape, dtype=dtype, device=device), torch.zeros(self.shape, dtype=dtype, device=device)) for _ in range(count)]
+        if len(buffers) != count or any(k.shape != self.shape or v.shape != self.shape for k, v in buffers):
+            raise ValueError(f"buffers for a static cache must be {count} pairs of {list(self.shape)}")
+        super().__init__(layers=[StaticLayerKV(self.slots, keys, values) for keys, values in buffers])
         self.length = 0
+
+    def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's (keys, values) buffers, to hand to a later cache of this capacity."""
+        return [(layer.keys, layer.values) for layer in self.layers]
 
     @property
     def capacity(self) -> int:
