@@ -5,10 +5,10 @@ from __future__ import annotations
 #: Tokens after which compiling the two step graphs has paid for itself, per device type:
 #: the compile time of both graphs over the time saved per one-token step. CPU: measured
 #: with `python -m devtools.runner_speed` (SmolLM2-135M, bf16, int4 weights, 2
-#: AVX512-bf16 cores: 94 s to compile, 24.5 -> 17.1 ms per step: 12,700 tokens). CUDA: not
-#: measured yet (no GPU was lent); CUDA graphs remove most of a small model's step, so the
-#: same compile pays back sooner there.
-BREAK_EVEN_TOKENS = {"cpu": 12_800, "cuda": 4096}
+#: AVX512-bf16 cores: 94 s to compile, 24.5 -> 17.1 ms per step: 12,700 tokens). CUDA:
+#: measured with `python -m devtools.cuda_check` (same architecture, bf16, one H200, 16
+#: cores, torch 2.11: 114 s to compile both graphs, 16.6 -> 2.6 ms per step: 8,100 tokens).
+BREAK_EVEN_TOKENS = {"cpu": 12_800, "cuda": 8_100}
 
 
 #: The same once an earlier run saved the model's precompiled steps (CPU): loading both,

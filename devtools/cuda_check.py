@@ -1,0 +1,319 @@
+"""Check the runner's CUDA path on a GPU and time its steps against the bandwidth floor.
+
+Parts, each independent (a failure is printed and the next part runs):
+
+- env: torch, the GPU, the measured device-to-device copy bandwidth;
+- exact: every method's greedy tokens on tiny float32 models, eagerly and through the
+  compiled runner (torch.compile, CUDA graphs), against Hugging Face generate() on the
+  same device; Medusa and EAGLE heads too;
+- curve: one forward of k new tokens over a 300-token cache, eager (`LanguageModel`,
+  dynamic cache) against compiled (`CompiledLanguageModel`), for SmolLM2-135M's and
+  Llama-3-8B's architectures with random bf16 weights (dense; int4 for the 8B), next to
+  the bandwidth floor of the bytes one forward reads (weights, the output head, the
+  cache).
+
+    python -m devtools.cuda_check [--parts env,exact,curve] [--device cuda] [--json FILE]
+
+Random weights do not change a step's cost; they do change what drafts get accepted,
+which is why exactness runs on tiny models and speed-ups end to end need a real model
+(`pardec bench --device cuda`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from time import perf_counter, time
+from typing import Any
+
+#: Architectures timed by the curve part (Hugging Face LlamaConfig fields).
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": dict(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True,
+    ),
+    "llama3-8b": dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=False,
+    ),
+}
+
+
+def say(*parts: Any) -> None:
+    print(*parts, flush=True)
+
+
+def sync(device: Any) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ------------------------------------------------------------------ env
+
+
+def part_env(device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    info: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if torch.device(device).type != "cuda":
+        return info
+    props = torch.cuda.get_device_properties(device)
+    info.update(gpu=props.name, memory_gib=round(props.total_memory / 2**30, 1), sms=props.multi_processor_count,
+                capability=f"{props.major}.{props.minor}")  # fmt: skip
+    # Device-to-device copy of 2 GiB, bytes read plus written, median of 10 after 3 warm-ups.
+    src = torch.randn(2**29, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(13):
+        sync(device)
+        t0 = perf_counter()
+        dst.copy_(src)
+        sync(device)
+        if i >= 3:
+            times.append(perf_counter() - t0)
+    info["copy_gb_s"] = round(2 * src.nbytes / statistics.median(times) / 1e9, 1)
+    del src, dst
+    torch.cuda.empty_cache()
+    return info
+
+
+# ------------------------------------------------------------------ exact
+
+
+def _hf_greedy(model: Any, prompt: list[int], limit: int) -> list[int]:
+    import torch
+
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, max_new_tokens=limit, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    return out[0, len(prompt):].tolist()
+
+
+def part_exact(device: str, limit: int = 40) -> dict[str, Any]:
+    from pardec_cli.engine.loop import decode
+    from pardec_cli.engine.model import LanguageModel
+    from pardec_cli.engine.runner import CompiledLanguageModel
+    from pardec_cli.methods import registry
+    from pardec_cli.methods.base import MethodEnv
+    from tests.head_helpers import write_eagle1, write_eagle3, write_medusa
+    from tests.test_exactness import METHOD_CASES, FakeTokenizer, random_prompt
+    from tests.test_methods_draftfree import TREE_CASES
+    from tests.tiny_models import peaked, tiny_llama
+
+    heads_dir = Path(tempfile.mkdtemp(prefix="pardec-heads-"))
+    results: dict[str, Any] = {}
+    for seed, sharp in ((0, True), (1, False)):
+        model = tiny_llama(seed)
+        model = (peaked(model) if sharp else model).to(device)
+        drafter = peaked(tiny_llama(seed + 100, layers=2)).to(device)
+        cases = list(METHOD_CASES) + list(TREE_CASES)
+        folders: dict[str, Path] = {}
+        if sharp:  # heads: written on the CPU copy of the weights, loaded by the method
+            cpu_model = peaked(tiny_llama(seed))
+            folders = {kind: heads_dir / f"{kind}-{seed}" for kind in ("medusa", "eagle", "eagle3")}
+            write_medusa(folders["medusa"], cpu_model, seed=2)
+            write_eagle1(folders["eagle"], cpu_model, seed=2)
+            write_eagle3(folders["eagle3"], cpu_model, seed=2)
+            cases += [("medusa", {}), ("eagle", {}), ("eagle3", {"topk": 3, "depth": 3, "nodes": 8})]
+        prompt = random_prompt(seed)
+        reference = _hf_greedy(model, prompt, limit)
+        notices: list[str] = []
+        targets = {"eager": LanguageModel(model), "compiled": CompiledLanguageModel(model, on_notice=notices.append)}
+        vocab = model.config.vocab_size
+
+        def load(spec: str, drafter: Any = drafter, vocab: int = vocab) -> tuple[Any, Any]:
+            return LanguageModel(drafter), FakeTokenizer(vocab)
+
+        label = "peaked" if sharp else "flat"
+        for method, options in cases:
+            name = f"{label} {method}{json.dumps(options, separators=(',', ':')) if options else ''}"
+            row: dict[str, Any] = {}
+            for kind, target in targets.items():
+                try:
+                    env = MethodEnv(target, FakeTokenizer(vocab), load, folders.get, "tiny")
+                    proposer = registry.create(method, options, env)
+                    t0 = perf_counter()
+                    events = list(decode(target, proposer, prompt, max_new_tokens=limit))
+                    seconds = perf_counter() - t0
+                    tokens = [t for e in events for t in e.tokens]
+                    row[kind] = {"same": tokens == reference, "steps": len(events), "seconds": round(seconds, 2),
+                                 "first_diff": next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)}  # fmt: skip
+                except Exception as exc:
+                    row[kind] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+                    traceback.print_exc()
+            results[name] = row
+            cells = []
+            for kind in targets:
+                r = row[kind]
+                cells.append(f"{kind}: " + (r["error"][:120] if "error" in r else ("same" if r["same"] else f"DIFF@{r['first_diff']}") + f" {r['steps']} steps {r['seconds']}s"))
+            say(f"  {name:58s} " + " | ".join(cells))
+        runner = targets["compiled"]
+        results[f"{label} graphs"] = {k: {"failed": s.failed, "compile_s": s.compile_seconds} for k, s in runner.graph_states().items()}
+        results[f"{label} notices"] = notices
+        say(f"  {label} graphs: {results[f'{label} graphs']}")
+        say(f"  {label} notices: {notices}")
+    same = sum(1 for r in results.values() if isinstance(r, dict) and r.get("compiled", {}).get("same"))
+    total = sum(1 for r in results.values() if isinstance(r, dict) and "compiled" in r)
+    say(f"exact: compiled runner equals HF generate() in {same} of {total} cases")
+    return results
+
+
+# ------------------------------------------------------------------ curve
+
+
+def _random_model(shape: str, device: str, dtype: Any) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2)
+    config._attn_implementation = "sdpa"
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    model.requires_grad_(False)
+    return model
+
+
+def _bytes_read(model: Any, context: int) -> int:
+    """Bytes one forward must read: every weight once (the embedding table only through a
+    tied head), plus the KV cache of `context` positions."""
+    embed = model.get_input_embeddings().weight
+    tied = model.get_output_embeddings().weight is embed
+    total = sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for n, b in model.named_buffers() if "inv_freq" not in n)
+    if not tied:
+        total -= embed.nbytes
+    c = model.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    total += 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * context * embed.element_size()
+    return total
+
+
+def _time_steps(lms: dict[str, Any], context: int, ks: list[int], repeats: int, device: str) -> list[dict[str, Any]]:
+    import torch
+
+    from pardec_cli.engine.cache import rollback_to
+
+    prompt = torch.randint(100, 1000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    rows = []
+    with torch.inference_mode():
+        caches = {}
+        for name, lm in lms.items():
+            caches[name] = lm.new_cache(context + 128)
+            lm.forward(prompt, caches[name], last_only=True)
+        for k in ks:
+            inputs = list(range(200, 200 + k))
+            times: dict[str, list[float]] = {name: [] for name in lms}
+            for i in range(repeats + 4):  # CUDA graph trees: warm-up, record, then replay
+                for name, lm in lms.items():
+                    sync(device)
+                    t0 = perf_counter()
+                    lm.forward(inputs, caches[name])
+                    sync(device)
+                    if i >= 4:
+                        times[name].append((perf_counter() - t0) * 1000)
+                    rollback_to(caches[name], context)
+            row: dict[str, Any] = {"k": k}
+            for name, values in times.items():
+                q = statistics.quantiles(values, n=4)
+                row[name] = (round(q[0], 3), round(statistics.median(values), 3), round(q[2], 3))
+            rows.append(row)
+            say(f"    k={k:3d}  " + "  ".join(f"{n} {row[n][1]:8.3f} ms ({row[n][0]:.3f}-{row[n][2]:.3f})" for n in lms))
+    return rows
+
+
+def part_curve(device: str, shapes: list[str], weights: list[str], ks: list[int], context: int, repeats: int,
+               bandwidth: float | None, deadline: float) -> dict[str, Any]:  # fmt: skip
+    import torch
+
+    from pardec_cli.engine.model import LanguageModel
+    from pardec_cli.engine.runner import CompiledLanguageModel
+    from pardec_cli.quant import quantize_linears
+
+    results: dict[str, Any] = {}
+    for shape in shapes:
+        for mode in weights:
+            if time() > deadline:
+                say(f"  {shape} {mode}: skipped (out of time)")
+                continue
+            if mode == "int4" and shape != "llama3-8b":
+                continue  # SmolLM2's 576-wide layers miss the CUDA int4 kernel's tile multiples
+            key = f"{shape} bf16 {mode}"
+            say(f"  {key}")
+            try:
+                model = _random_model(shape, device, torch.bfloat16)
+                replaced = quantize_linears(model, mode) if mode != "full" else 0
+                notices: list[str] = []
+                compiled = CompiledLanguageModel(model, on_notice=notices.append)
+                t0 = perf_counter()
+                compiled.warm()
+                sync(device)
+                warm_s = perf_counter() - t0
+                lms = {"eager": LanguageModel(model), "compiled": compiled}
+                rows = _time_steps(lms, context, ks, repeats, device)
+                read = _bytes_read(model, context)
+                floor_ms = read / (bandwidth * 1e9) * 1000 if bandwidth else None
+                one = rows[0]["compiled"][1] if rows and rows[0]["k"] == 1 else None
+                results[key] = {
+                    "rows": rows, "bytes_read": read, "floor_ms": floor_ms, "quantized_layers": replaced,
+                    "warm_s": round(warm_s, 1), "notices": notices,
+                    "graphs": {k: s.failed for k, s in compiled.graph_states().items()},
+                }  # fmt: skip
+                say(f"    bytes read {read / 1e6:.0f} MB; floor {floor_ms and round(floor_ms, 3)} ms; "
+                    f"compiled one-token {one} ms = {one and floor_ms and round(one / floor_ms, 2)}x floor; "
+                    f"compile (warm) {warm_s:.0f} s; graphs {results[key]['graphs']}; notices {notices}")
+                del model, compiled, lms
+            except Exception as exc:
+                traceback.print_exc()
+                results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="env,exact,curve")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shapes", default="smollm2-135m,llama3-8b")
+    parser.add_argument("--weights", default="full,int4")
+    parser.add_argument("--ks", default="1,2,4,8,16,32")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--budget", type=float, default=420, help="seconds after which no new curve starts")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    deadline = time() + args.budget
+    parts = args.parts.split(",")
+    report: dict[str, Any] = {}
+    if "env" in parts:
+        report["env"] = part_env(args.device)
+        say("env:", json.dumps(report["env"]))
+    if "exact" in parts:
+        say("exact:")
+        try:
+            report["exact"] = part_exact(args.device)
+        except Exception as exc:
+            traceback.print_exc()
+            report["exact"] = {"error": str(exc)}
+    if "curve" in parts:
+        say("curve:")
+        bandwidth = report.get("env", {}).get("copy_gb_s")
+        report["curve"] = part_curve(args.device, args.shapes.split(","), args.weights.split(","),
+                                     [int(k) for k in args.ks.split(",")], args.context, args.repeats, bandwidth, deadline)  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
