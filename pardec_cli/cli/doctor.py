@@ -128,7 +128,8 @@ def _floor_lines(floor: dict[str, Any], name: str) -> list[str]:
 def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
     cache = (f"{compiled['cache_files']} files, {compiled['cache_bytes'] / 2**20:.0f} MiB" if compiled["cache_files"]
              else "empty: nothing compiled yet")
-    breakeven, saved_even = compiled["break_even_tokens"]["cpu"], compiled["break_even_saved_tokens"]["cpu"]
+    breakeven, saved_even = compiled["break_even_tokens"], compiled["break_even_saved_tokens"]
+    others = "".join(f", {tokens}+ on {device.upper()}" for device, tokens in breakeven.items() if device != "cpu")
     steps = compiled["saved_steps"]
     if steps:
         kinds = ", ".join(sorted({step["kind"] for step in steps}))
@@ -141,8 +142,8 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
         f"  compiler      {compiled['cxx_compiler'] or 'no C++ compiler found: CPU steps run eagerly (install g++)'}",
         f"  cache         {compiled['cache_dir']} ({cache})",
         f"  saved steps   {saved}",
-        f"  auto          compiles for bench, tune and serve, and on CPU for gen/chat work of {breakeven}+ tokens,"
-        f" or {saved_even}+ once the model's steps are saved",
+        f"  auto          compiles for bench, tune and serve, and for gen/chat work of {breakeven['cpu']}+ tokens on CPU"
+        f" ({saved_even['cpu']}+ once the model's steps are saved){others}",
     ]
 
 
