@@ -367,3 +367,27 @@ def test_suffix_drafts_nothing_after_a_match_shorter_than_min_match():
     assert two.knobs()["min_match"] == 2
     with pytest.raises(PardecUsageError, match="min_match"):
         registry.create("suffix", {"min_match": 0}, env)
+
+
+def test_suffix_with_min_gain_stops_drafting_after_matches_whose_drafts_keep_little():
+    """Drafts after one-token matches that keep nothing stop (a plain step instead), retried
+    every GAIN_RETRY-th time; drafts after longer matches go on; a new generation forgets."""
+    from pardec_cli.methods.suffix import GAIN_RETRY
+
+    env = make_env(_model(0))
+    prompt = [1, 2, 3, 9, 8, 7, 5]
+    suffix = registry.create("suffix", {"min_prob": 0.0, "min_gain": 0.5, "history_tokens": 0}, env)
+    _start(suffix, prompt)
+    context = [*prompt, 9]
+    for _ in range(2):  # two rejected drafts after "9" (a one-token match)
+        draft = suffix.propose(context, 10)
+        assert draft.tokens
+        suffix.update(context, draft, Outcome(0))
+    drafted = [len(suffix.propose(context, 10)) > 0 for _ in range(GAIN_RETRY)]
+    assert drafted == [False] * (GAIN_RETRY - 1) + [True]  # gated, then one retry
+    assert suffix.propose([*context, 8], 10).tokens[0] == 7  # "9 8", a two-token match: its own estimate
+    _start(suffix, prompt)
+    assert suffix.propose(context, 10).tokens
+    assert suffix.knobs()["min_gain"] == 0.5
+    with pytest.raises(PardecUsageError, match="min_gain"):
+        registry.create("suffix", {"min_gain": -1}, env)

@@ -156,6 +156,7 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("max_nodes", int, 32, "largest tree", search=(4, 6, 8, 12, 16, 24, 32, 48, 64, 96)),
                 MethodOption("min_prob", float, 0.1, "least estimated probability of a drafted branch"),
                 MethodOption("history_tokens", int, 16384, "tokens of this method's earlier outputs to match too (0: none)"),
+                MethodOption("min_gain", float, 0.5, "stop drafting after matches of a length whose recent drafts kept fewer tokens than this (0: off)"),
             ),
             combinable=True,
             size_option="max_nodes",

@@ -9,6 +9,11 @@ tree best-first from both matches: a continuation's score is the product of the
 conditional frequencies count(child) / count(children) along its path. The tree gets
 `factor` nodes per matched token (at most `max_nodes`), so a long match, which predicts
 well, drafts wide and deep; branches below `min_prob` are not drafted.
+
+With `min_gain` above 0 the proposer also learns, per length of the match (1, 2, 3, 4 or
+more tokens), how many tokens its recent drafts after such matches kept, and stops drafting
+after matches of a length whose drafts keep fewer than `min_gain` (a step of plain decoding
+instead), retrying every `GAIN_RETRY`-th time so that the estimate follows the text.
 """
 
 from __future__ import annotations
@@ -26,6 +31,14 @@ from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods.base import MethodEnv, ProposerBase
 
 _STRIDE = 1 << 32  # edge key = node * _STRIDE + token
+#: Match lengths `min_gain` tells apart: 1, 2, 3, and 4 or more tokens.
+GAIN_BUCKETS = 4
+#: Weight of the older drafts in a match length's mean of kept tokens (the last ~5 count).
+GAIN_DECAY = 0.8
+#: A gated match length still drafts every this many times: its estimate stays current.
+GAIN_RETRY = 8
+#: Drafts seen after a match length before its estimate can stop drafting there.
+GAIN_EVIDENCE = 2
 
 
 class SuffixTrie:
@@ -141,7 +154,7 @@ class SuffixDrafting(ProposerBase):
 
     def __init__(
         self, env: MethodEnv, *, depth: int, max_match: int, factor: float, max_nodes: int, min_prob: float,
-        history_tokens: int, min_match: int = 1,
+        history_tokens: int, min_match: int = 1, min_gain: float = 0.5,
     ) -> None:
         if depth < 2 or max_match < 1:
             raise PardecUsageError(f"suffix needs depth >= 2 and max_match >= 1, got {depth} and {max_match}")
@@ -155,6 +168,10 @@ class SuffixDrafting(ProposerBase):
         # A continuation seen once after a one-token match scores 1.0 against min_prob:
         # shorter matches than this draft nothing.
         self.min_match = min(min_match, self.max_match)
+        if min_gain < 0:
+            raise PardecUsageError(f"suffix needs min_gain >= 0, got {min_gain}")
+        self.min_gain = min_gain
+        self._reset_gain()
         del env
         # Not shared between proposers: a benchmark running several methods on one prompt
         # must not let one copy that prompt's output from another.
@@ -170,6 +187,16 @@ class SuffixDrafting(ProposerBase):
         self._seen = 0
         self._prompt_length = len(ctx.prompt_ids)
         self._context = ()
+        self._reset_gain()
+
+    def _reset_gain(self) -> None:
+        # Per match-length bucket (index 1..GAIN_BUCKETS): mean tokens kept by recent drafts
+        # (None: none yet), how many drafts it has seen, drafts skipped since the last try;
+        # the last draft's bucket.
+        self._gain: list[float | None] = [None] * (GAIN_BUCKETS + 1)
+        self._evidence = [0] * (GAIN_BUCKETS + 1)
+        self._gated = [0] * (GAIN_BUCKETS + 1)
+        self._bucket = 0
 
     def _remember_output(self) -> None:
         """Add the previous generation's output to the history (at the next start)."""
@@ -192,8 +219,15 @@ class SuffixDrafting(ProposerBase):
         matches = [match for match in matches if match[2] >= self.min_match]
         if not matches or max_tokens <= 0:
             return EMPTY_DRAFT
-        budget = min(self.max_nodes, ceil(self.factor * max(length for _, _, length in matches)))
-        return self._grow(matches, budget, max_tokens)
+        longest = max(length for _, _, length in matches)
+        bucket = min(longest, GAIN_BUCKETS)
+        gain = self._gain[bucket]
+        if self.min_gain > 0 and gain is not None and self._evidence[bucket] >= GAIN_EVIDENCE and gain < self.min_gain:
+            self._gated[bucket] += 1
+            if self._gated[bucket] % GAIN_RETRY:
+                return EMPTY_DRAFT
+        self._bucket = bucket
+        return self._grow(matches, min(self.max_nodes, ceil(self.factor * longest)), max_tokens)
 
     def _match_current(self, context: Sequence[int]) -> tuple[int, int] | None:
         """The longest suffix of the context that occurred earlier in it with a continuation.
@@ -233,9 +267,15 @@ class SuffixDrafting(ProposerBase):
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         self._context = context
+        if self.min_gain > 0 and draft.tokens and self._bucket:
+            gain = self._gain[self._bucket]
+            kept = float(outcome.accepted)
+            self._gain[self._bucket] = kept if gain is None else GAIN_DECAY * gain + (1 - GAIN_DECAY) * kept
+            self._evidence[self._bucket] += 1
 
     def knobs(self) -> dict[str, Any]:
         return {
             "depth": self.depth, "max_match": self.max_match, "factor": self.factor, "max_nodes": self.max_nodes,
             "min_prob": self.min_prob, "history_tokens": self.history_tokens, "min_match": self.min_match,
+            "min_gain": self.min_gain,
         }

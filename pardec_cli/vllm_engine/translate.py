@@ -120,6 +120,7 @@ TABLE: dict[str, Row] = {
                   note="vLLM keeps earlier outputs by request (10000 by default), not by tokens"),
             NoCounterpart("max_match", "matches the longest suffix of the last `depth` tokens"),
             NoCounterpart("min_match", "drafts after a match of any length", (1,)),
+            NoCounterpart("min_gain", "drafts after every match, whatever earlier drafts kept", (0.0,)),
         ),
         summary="suffix (Arctic Inference's suffix decoding)",
         requires=("arctic_inference", "arctic-inference"),
