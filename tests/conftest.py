@@ -33,6 +33,14 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 # torch.compile's on-disk caches: one folder for the whole test run (the compiled runner
 # would otherwise point them into the first test's isolated home, for every later test).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="pardec-tests-inductor-"))
+# Module- and session-scoped fixtures (a Session loaded once per module) run before any
+# test's `isolated_home`: they get a home of the test run's own, never the user's (they
+# recorded usage.json entries in ~/.local/share/pardec).
+_RUN_HOME = Path(tempfile.mkdtemp(prefix="pardec-tests-home-"))
+os.environ["PARDEC_HOME"] = str(_RUN_HOME / "pardec-home")
+os.environ["PARDEC_CONFIG_DIR"] = str(_RUN_HOME / "pardec-config")
+os.environ["HF_HOME"] = str(_RUN_HOME / "hf-home")
+os.environ["PARDEC_LEARN"] = "0"
 
 
 @pytest.fixture(autouse=True)
