@@ -88,14 +88,6 @@ def part_env(device: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ exact
 
 
-def _hf_greedy(model: Any, prompt: list[int], limit: int) -> list[int]:
-    import torch
-
-    ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, max_new_tokens=limit, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
-    return out[0, len(prompt):].tolist()
-
-
 def part_exact(device: str, limit: int = 40) -> dict[str, Any]:
     from pardec_cli.engine.loop import decode
     from pardec_cli.engine.model import LanguageModel
@@ -103,7 +95,7 @@ def part_exact(device: str, limit: int = 40) -> dict[str, Any]:
     from pardec_cli.methods import registry
     from pardec_cli.methods.base import MethodEnv
     from tests.head_helpers import write_eagle1, write_eagle3, write_medusa
-    from tests.test_exactness import METHOD_CASES, FakeTokenizer, random_prompt
+    from tests.test_exactness import METHOD_CASES, FakeTokenizer, hf_greedy, random_prompt
     from tests.test_methods_draftfree import TREE_CASES
     from tests.tiny_models import peaked, tiny_llama
 
@@ -123,7 +115,7 @@ def part_exact(device: str, limit: int = 40) -> dict[str, Any]:
             write_eagle3(folders["eagle3"], cpu_model, seed=2)
             cases += [("medusa", {}), ("eagle", {}), ("eagle3", {"topk": 3, "depth": 3, "nodes": 8})]
         prompt = random_prompt(seed)
-        reference = _hf_greedy(model, prompt, limit)
+        reference = hf_greedy(model, prompt, limit)
         notices: list[str] = []
         targets = {"eager": LanguageModel(model), "compiled": CompiledLanguageModel(model, on_notice=notices.append)}
         vocab = model.config.vocab_size
@@ -199,46 +191,17 @@ def _bytes_read(model: Any, context: int) -> int:
     return total
 
 
-def _time_steps(lms: dict[str, Any], context: int, ks: list[int], repeats: int, device: str) -> list[dict[str, Any]]:
-    import torch
-
-    from pardec_cli.engine.cache import rollback_to
-
-    prompt = torch.randint(100, 1000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
-    rows = []
-    with torch.inference_mode():
-        caches = {}
-        for name, lm in lms.items():
-            caches[name] = lm.new_cache(context + 128)
-            lm.forward(prompt, caches[name], last_only=True)
-        for k in ks:
-            inputs = list(range(200, 200 + k))
-            times: dict[str, list[float]] = {name: [] for name in lms}
-            for i in range(repeats + 4):  # CUDA graph trees: warm-up, record, then replay
-                for name, lm in lms.items():
-                    sync(device)
-                    t0 = perf_counter()
-                    lm.forward(inputs, caches[name])
-                    sync(device)
-                    if i >= 4:
-                        times[name].append((perf_counter() - t0) * 1000)
-                    rollback_to(caches[name], context)
-            row: dict[str, Any] = {"k": k}
-            for name, values in times.items():
-                q = statistics.quantiles(values, n=4)
-                row[name] = (round(q[0], 3), round(statistics.median(values), 3), round(q[2], 3))
-            rows.append(row)
-            say(f"    k={k:3d}  " + "  ".join(f"{n} {row[n][1]:8.3f} ms ({row[n][0]:.3f}-{row[n][2]:.3f})" for n in lms))
-    return rows
-
-
 def part_curve(device: str, shapes: list[str], weights: list[str], ks: list[int], context: int, repeats: int,
                bandwidth: float | None, deadline: float) -> dict[str, Any]:  # fmt: skip
     import torch
 
+    from devtools.runner_speed import time_steps
     from pardec_cli.engine.model import LanguageModel
     from pardec_cli.engine.runner import CompiledLanguageModel
     from pardec_cli.quant import quantize_linears
+
+    def show(row: dict[str, Any]) -> None:
+        say(f"    k={row['k']:3d}  " + "  ".join(f"{n} {row[n][1]:8.3f} ms ({row[n][0]:.3f}-{row[n][2]:.3f})" for n in ("eager", "compiled")))
 
     results: dict[str, Any] = {}
     for shape in shapes:
@@ -260,10 +223,10 @@ def part_curve(device: str, shapes: list[str], weights: list[str], ks: list[int]
                 sync(device)
                 warm_s = perf_counter() - t0
                 lms = {"eager": LanguageModel(model), "compiled": compiled}
-                rows = _time_steps(lms, context, ks, repeats, device)
+                rows = time_steps(lms, context, ks, repeats, warmup=4, sync=lambda: sync(device), on_row=show)  # CUDA graph trees: warm-up, record, replay
                 read = _bytes_read(model, context)
                 floor_ms = read / (bandwidth * 1e9) * 1000 if bandwidth else None
-                one = rows[0]["compiled"][1] if rows and rows[0]["k"] == 1 else None
+                one = round(rows[0]["compiled"][1], 3) if rows and rows[0]["k"] == 1 else None
                 results[key] = {
                     "rows": rows, "bytes_read": read, "floor_ms": floor_ms, "quantized_layers": replaced,
                     "warm_s": round(warm_s, 1), "notices": notices,

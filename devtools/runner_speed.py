@@ -16,12 +16,48 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from time import perf_counter
+from typing import Any
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(values, n=4)
     return q[0], statistics.median(values), q[2]
+
+
+def time_steps(lms: dict[str, Any], context: int, ks: list[int], repeats: int, *, warmup: int = 2,
+               sync: Callable[[], None] = lambda: None,
+               on_row: Callable[[dict[str, Any]], None] = lambda row: None) -> list[dict[str, Any]]:  # fmt: skip
+    """Per k: (first quartile, median, third quartile) milliseconds of one forward of k new
+    tokens over a `context`-token cache for each `LanguageModel` in `lms`, interleaved k by k
+    (machine drift hits all alike), after `warmup` untimed rounds; `sync` waits for the
+    device before each clock read (CUDA); `on_row` gets each k's row as it is measured."""
+    import torch
+
+    from pardec_cli.engine.cache import rollback_to
+
+    prompt = torch.randint(100, 1000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    rows = []
+    with torch.inference_mode():
+        caches = {}
+        for name, lm in lms.items():
+            caches[name] = lm.new_cache(context + 128)
+            lm.forward(prompt, caches[name], last_only=True)
+        for k in ks:
+            inputs = list(range(200, 200 + k))
+            times: dict[str, list[float]] = {name: [] for name in lms}
+            for _ in range(repeats + warmup):
+                for name, lm in lms.items():
+                    sync()
+                    t0 = perf_counter()
+                    lm.forward(inputs, caches[name])
+                    sync()
+                    times[name].append((perf_counter() - t0) * 1000)
+                    rollback_to(caches[name], context)
+            rows.append({"k": k, **{name: _quartiles(values[warmup:]) for name, values in times.items()}})
+            on_row(rows[-1])
+    return rows
 
 
 def main() -> None:
@@ -35,9 +71,6 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
 
-    import torch
-
-    from pardec_cli.engine.cache import rollback_to
     from pardec_cli.engine.model import LanguageModel
     from pardec_cli.session import Session
 
@@ -47,30 +80,13 @@ def main() -> None:
     began = perf_counter()
     target.warm()
     compile_s = perf_counter() - began
-    prompt = torch.randint(100, 1000, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
-    ks = [int(k) for k in args.ks.split(",")]
-    rows = []
-    with torch.inference_mode():
-        caches = {}
-        for name, lm in (("eager", eager), ("compiled", target)):
-            caches[name] = lm.new_cache(args.context + 128)
-            lm.forward(prompt, caches[name], last_only=True)
-        for k in ks:
-            inputs = list(range(200, 200 + k))
-            times: dict[str, list[float]] = {"eager": [], "compiled": []}
-            for _ in range(args.repeats + 2):
-                for name, lm in (("eager", eager), ("compiled", target)):
-                    t0 = perf_counter()
-                    lm.forward(inputs, caches[name])
-                    times[name].append((perf_counter() - t0) * 1000)
-                    rollback_to(caches[name], args.context)
-            row = {"k": k}
-            for name, values in times.items():
-                row[name] = _quartiles(values[2:])  # the first two: warm-up
-            rows.append(row)
-            print(f"k={k:3d}  eager {row['eager'][1]:7.1f} ms ({row['eager'][0]:.1f}-{row['eager'][2]:.1f})  "
-                  f"compiled {row['compiled'][1]:7.1f} ms ({row['compiled'][0]:.1f}-{row['compiled'][2]:.1f})  "
-                  f"x{row['eager'][1] / row['compiled'][1]:.2f}", flush=True)
+
+    def show(row: dict[str, Any]) -> None:
+        print(f"k={row['k']:3d}  eager {row['eager'][1]:7.1f} ms ({row['eager'][0]:.1f}-{row['eager'][2]:.1f})  "
+              f"compiled {row['compiled'][1]:7.1f} ms ({row['compiled'][0]:.1f}-{row['compiled'][2]:.1f})  "
+              f"x{row['eager'][1] / row['compiled'][1]:.2f}", flush=True)
+
+    rows = time_steps({"eager": eager, "compiled": target}, args.context, [int(k) for k in args.ks.split(",")], args.repeats, on_row=show)
     one = rows[0] if rows and rows[0]["k"] == 1 else None
     saved_ms = one["eager"][1] - one["compiled"][1] if one else float("nan")
     break_even = compile_s / (saved_ms / 1000) if saved_ms > 0 else float("inf")

@@ -64,9 +64,10 @@ def run(method: str, options: dict, target, prompt, *, max_new_tokens: int, eos=
 
 
 def hf_greedy(model, prompt, max_new_tokens: int, eos=None) -> list[int]:
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-        eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0,
+        attention_mask=torch.ones_like(ids),
     )
     return out[0, len(prompt):].tolist()
 

@@ -258,15 +258,24 @@ def cache_rows_match_plain_decoding(runner, method, options, seed, drafter) -> b
     )
 
 
-@pytest.mark.parametrize("method,options", [("medusa", {}), ("eagle", {}), ("eagle3", {"topk": 3, "depth": 3, "nodes": 8})], ids=str)
-def test_heads_read_the_hidden_states_of_padded_steps_exactly(tmp_path, method, options):
+HEAD_CASES = [("medusa", {}), ("eagle", {}), ("eagle3", {"topk": 3, "depth": 3, "nodes": 8})]
+
+
+def with_heads(folder, target_for):
+    """A peaked tiny model with Medusa, EAGLE and EAGLE-3 heads written under `folder`, and
+    a MethodEnv whose target is `target_for(model)`."""
     model = peaked(tiny_llama(2))
-    folders = {kind: tmp_path / kind for kind in ("medusa", "eagle", "eagle3")}
+    folders = {kind: folder / kind for kind in ("medusa", "eagle", "eagle3")}
     write_medusa(folders["medusa"], model, seed=2)
     write_eagle1(folders["eagle"], model, seed=2)
     write_eagle3(folders["eagle3"], model, seed=2)
+    return model, head_env(model, folders, target=target_for(model))
+
+
+@pytest.mark.parametrize("method,options", HEAD_CASES, ids=str)
+def test_heads_read_the_hidden_states_of_padded_steps_exactly(tmp_path, method, options):
     rows_seen: list[int] = []
-    env = head_env(model, folders, target=padded_static(model, rows_seen))
+    model, env = with_heads(tmp_path, lambda model: padded_static(model, rows_seen))
     prompt = random_prompt(2)
     events = list(decode(env.target, registry.create(method, options, env), prompt, max_new_tokens=40))
     assert [t for e in events for t in e.tokens] == hf_greedy(model, prompt, 40)
@@ -306,14 +315,9 @@ def test_eos_and_the_token_limit_inside_a_draft_on_the_static_runner(method, opt
         assert run_on(eager_static(model), method, options, prompt, max_new_tokens=limit)[0] == free[:limit]
 
 
-@pytest.mark.parametrize("method,options", [("medusa", {}), ("eagle", {}), ("eagle3", {"topk": 3, "depth": 3, "nodes": 8})], ids=str)
+@pytest.mark.parametrize("method,options", HEAD_CASES, ids=str)
 def test_heads_read_hidden_states_through_the_static_runner_exactly(tmp_path, method, options):
-    model = peaked(tiny_llama(2))
-    folders = {kind: tmp_path / kind for kind in ("medusa", "eagle", "eagle3")}
-    write_medusa(folders["medusa"], model, seed=2)
-    write_eagle1(folders["eagle"], model, seed=2)
-    write_eagle3(folders["eagle3"], model, seed=2)
-    env = head_env(model, folders, target=eager_static(model))
+    model, env = with_heads(tmp_path, eager_static)
     prompt = random_prompt(2)
     events = list(decode(env.target, registry.create(method, options, env), prompt, max_new_tokens=40))
     assert [t for e in events for t in e.tokens] == hf_greedy(model, prompt, 40)
