@@ -11,7 +11,7 @@ import torch
 from pardec_cli.engine import verify as verify_module
 from pardec_cli.engine.loop import decode
 from pardec_cli.engine.proposal import Draft
-from pardec_cli.engine.sampling import SamplingParams, logits_to_probs
+from pardec_cli.engine.sampling import SamplingParams, logits_to_probs, sample_from
 from pardec_cli.engine.verify import verify_sampling
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods import registry
@@ -31,6 +31,37 @@ def test_temperature_top_k_top_p_define_the_distribution():
     assert (nucleus > 0).tolist() == [True, True, False, False]
     cold = logits_to_probs(logits, SamplingParams(temperature=0.1))
     assert cold[0] > 0.99
+
+
+def _nucleus_by_full_sort(scores, top_p):
+    """The definition, spelled out: sort everything, drop a token once the mass before it reaches top_p."""
+    probs = torch.softmax(scores, -1)
+    ordered, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    drop = (torch.cumsum(ordered, -1) - ordered) >= top_p
+    return torch.zeros_like(drop).scatter(-1, order, drop)
+
+
+@pytest.mark.parametrize("spread", [0.3, 3.0, 12.0])  # a flat nucleus of thousands of tokens .. a peaked one of a few
+@pytest.mark.parametrize("top_p", [0.5, 0.95, 0.999])
+def test_top_p_equals_the_full_sort_whatever_the_nucleus_size(spread, top_p):
+    generator = torch.Generator().manual_seed(int(spread * 10) + int(top_p * 1000))
+    logits = torch.randn(3, 49152, generator=generator) * spread  # float32: no ties
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
+    assert torch.equal(probs == 0, _nucleus_by_full_sort(logits, top_p))
+    assert torch.allclose(probs.sum(-1), torch.ones(3))
+
+
+def test_sample_from_follows_the_distribution_and_never_draws_an_impossible_token():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    generator = torch.Generator().manual_seed(3)
+    counts = Counter(sample_from(probs, generator) for _ in range(6000))
+    assert set(counts) <= {1, 3, 4}
+    assert chi_square_p_value(counts, {1: 0.5, 3: 0.3, 4: 0.2}) > 1e-3
+    # A point mass at either end of the vocabulary.
+    for token in (0, 5):
+        point = torch.zeros(6)
+        point[token] = 1.0
+        assert {sample_from(point, generator) for _ in range(50)} == {token}
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2)])

@@ -38,17 +38,40 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_scores, dim=-1)
-        # Drop a token when the mass strictly before it already reaches top_p
-        # (the most likely token always survives).
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = mass_before >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
+        scores = _top_p(scores, params.top_p)
     return torch.softmax(scores, dim=-1)
 
 
+def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """scores [..., V] with the tokens outside the nucleus set to -inf: a token is dropped
+    when the mass of the tokens more likely than it already reaches `top_p` (the most
+    likely token always survives).
+
+    The nucleus is found among the `size` most likely tokens, `size` growing from 64 until
+    their mass reaches `top_p` (then every token past them is dropped too): a full sort of
+    a 49k vocabulary costs ~2.7 ms on a CPU, the top 64 ~0.05 ms.
+    """
+    probs = torch.softmax(scores, dim=-1)
+    vocab = probs.shape[-1]
+    size = min(vocab, 64)
+    while True:
+        top, order = torch.topk(probs, size, dim=-1)  # [..., size], descending
+        mass_through = torch.cumsum(top, dim=-1)
+        if size == vocab or bool((mass_through[..., -1] >= top_p).all()):
+            break
+        size = min(vocab, size * 8)
+    keep_top = (mass_through - top) < top_p
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, keep_top)
+    return scores.masked_fill(~keep, float("-inf"))
+
+
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from probs [V]."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """Draw one token id from probs [V] (inverse CDF in float64: one uniform number, where
+    torch.multinomial draws one per token, ~0.75 ms for a 49k vocabulary on a CPU)."""
+    cdf = probs.to(torch.float64).cumsum(0)
+    u = torch.rand((), generator=generator, dtype=torch.float64, device=probs.device)
+    # The first token whose cumulative mass passes u * total: never a zero-probability one.
+    token = int(torch.searchsorted(cdf, u * cdf[-1], right=True))
+    if token >= cdf.shape[0]:  # u * total rounded up to the total itself
+        token = int(torch.nonzero(probs)[-1])
+    return token
