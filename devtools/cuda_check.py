@@ -6,13 +6,17 @@ Parts, each independent (a failure is printed and the next part runs):
 - exact: every method's greedy tokens on tiny float32 models, eagerly and through the
   compiled runner (torch.compile, CUDA graphs), against Hugging Face generate() on the
   same device; Medusa and EAGLE heads too;
+- loop: where a decoding step's time goes through the loop on the compiled runner
+  (SmolLM2-135M's architecture, random bf16 weights, a repetitive prompt so that drafts
+  are made): milliseconds per step, the step's graph alone (synchronized), the rest, and
+  the Python functions that rest is spent in (cProfile);
 - curve: one forward of k new tokens over a 300-token cache, eager (`LanguageModel`,
   dynamic cache) against compiled (`CompiledLanguageModel`), for SmolLM2-135M's and
   Llama-3-8B's architectures with random bf16 weights (dense; int4 for the 8B), next to
   the bandwidth floor of the bytes one forward reads (weights, the output head, the
   cache).
 
-    python -m devtools.cuda_check [--parts env,exact,curve] [--device cuda] [--json FILE]
+    python -m devtools.cuda_check [--parts env,exact,loop,curve] [--device cuda] [--json FILE]
 
 Random weights do not change a step's cost; they do change what drafts get accepted,
 which is why exactness runs on tiny models and speed-ups end to end need a real model
@@ -157,6 +161,82 @@ def part_exact(device: str, limit: int = 40) -> dict[str, Any]:
     return results
 
 
+# ------------------------------------------------------------------ loop
+
+
+def part_loop(device: str, methods: list[str], tokens: int) -> dict[str, Any]:
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    from pardec_cli.engine.loop import decode
+    from pardec_cli.engine.runner import CompiledLanguageModel
+    from pardec_cli.methods import registry
+    from pardec_cli.methods.base import MethodEnv
+    from tests.test_exactness import FakeTokenizer
+
+    class Timed(CompiledLanguageModel):
+        """The runner, timing its compiled steps (synchronized before and after) when asked."""
+
+        timing = False
+        graph_s = 0.0
+        graphs = 0
+
+        def _compiled_step(self, kind: str, hidden: bool, args: tuple[Any, ...]) -> Any:
+            if not self.timing:
+                return super()._compiled_step(kind, hidden, args)
+            sync(device)
+            t0 = perf_counter()
+            out = super()._compiled_step(kind, hidden, args)
+            sync(device)
+            self.graph_s += perf_counter() - t0
+            self.graphs += 1
+            return out
+
+    model = _random_model("smollm2-135m", device, torch.bfloat16)
+    target = Timed(model)
+    vocab = model.config.vocab_size
+    prompt = [int(t) for t in torch.arange(100, 164)] * 4  # repeats: suffix and pld find matches
+
+    def run(method: str) -> tuple[float, int, int]:
+        env = MethodEnv(target, FakeTokenizer(vocab), model_name="smollm2-135m (random)")
+        proposer = registry.create(method, {}, env)
+        events = list(decode(target, proposer, prompt, max_new_tokens=tokens))
+        sync(device)
+        # After the (eager) prefill: events[0] is the first token.
+        return events[-1].elapsed_s - events[0].elapsed_s, len(events) - 1, sum(len(e.tokens) for e in events[1:])
+
+    results: dict[str, Any] = {}
+    for method in methods:
+        try:
+            for _ in range(2):  # compile, record each CUDA graph
+                run(method)
+            seconds, steps, produced = run(method)
+            target.timing, target.graph_s, target.graphs = True, 0.0, 0
+            synced, _, _ = run(method)
+            graph_ms = 1000 * target.graph_s / max(target.graphs, 1)
+            target.timing = False
+            profile = cProfile.Profile()
+            profile.enable()
+            run(method)
+            profile.disable()
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+            row = {"ms_per_step": round(1000 * seconds / steps, 3), "tokens_per_step": round(produced / steps, 2),
+                   "graph_ms_synced": round(graph_ms, 3), "synced_ms_per_step": round(1000 * synced / steps, 3),
+                   "profile": text.getvalue()}  # fmt: skip
+            results[method] = row
+            say(f"  {method:18s} {row['ms_per_step']:.3f} ms/step ({row['tokens_per_step']} tokens/step); synced: "
+                f"{row['synced_ms_per_step']:.3f} ms/step of which the graph {graph_ms:.3f} ms")
+            say("\n".join(line[:180] for line in text.getvalue().splitlines()[:40]))
+        except Exception as exc:
+            traceback.print_exc()
+            results[method] = {"error": f"{type(exc).__name__}: {exc}"}
+    return results
+
+
 # ------------------------------------------------------------------ curve
 
 
@@ -247,6 +327,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="env,exact,curve")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--methods", default="vanilla,pld,suffix,suffix+recycling", help="methods the loop part runs")
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per generation in the loop part")
     parser.add_argument("--shapes", default="smollm2-135m,llama3-8b")
     parser.add_argument("--weights", default="full,int4")
     parser.add_argument("--ks", default="1,2,4,8,16,32")
@@ -268,6 +350,9 @@ def main() -> None:
         except Exception as exc:
             traceback.print_exc()
             report["exact"] = {"error": str(exc)}
+    if "loop" in parts:
+        say("loop:")
+        report["loop"] = part_loop(args.device, args.methods.split(","), args.tokens)
     if "curve" in parts:
         say("curve:")
         bandwidth = report.get("env", {}).get("copy_gb_s")

@@ -395,7 +395,8 @@ class Bench:
         prompt, warm_up)` each run about to start, warm-up runs included.
         """
         encoded = [(p, self.session.encode(p.text)) for p in prompts]
-        self.session.target.warm()  # compile the steps first (compiled runner): never inside a timed run
+        # Compile the steps first (compiled runner), for every cache size the prompts need: never inside a timed run.
+        self.session.target.warm(contexts=[len(ids) + self.max_new_tokens for _, ids in encoded])
         for baseline in self.baselines:
             baseline.start([ids for _, ids in encoded], self.max_new_tokens)
         from pardec_cli.schedule import WARM_UP_TOKENS, interleaved  # tune's warm-up rule and schedule

@@ -224,7 +224,7 @@ def padded_static(model, rows_seen: list[int]) -> CompiledLanguageModel:
 
         return step
 
-    return CompiledLanguageModel(model, compile_fn=recording_compile, pad_rows=True)
+    return CompiledLanguageModel(model, compile_fn=recording_compile, fixed_shapes=True)
 
 
 @pytest.mark.parametrize("seed,sharp", [(0, True), (1, False)], ids=["peaked", "flat"])
@@ -301,6 +301,46 @@ def test_a_new_generation_reuses_the_buffers_of_a_finished_one():
     tokens, _ = run_on(runner, "suffix", {}, random_prompt(0), max_new_tokens=40)
     assert tokens == list(_reference(0, True, 40))
     assert runner.new_cache(100).layers[0].keys.data_ptr() == address
+
+
+def test_warming_padded_steps_records_every_shape_a_generation_then_runs():
+    """On CUDA a graph is recorded per step shape and per cache buffer: warm(contexts) runs
+    each padded row count on the cache capacity of each context, and leaves those buffers
+    to the generations, so a timed generation records nothing new."""
+    model = _model(0, True)
+    seen: list[tuple[int, int, int]] = []
+
+    def recording_compile(fn, **kwargs):
+        def step(model, input_ids, positions, mask, cache, *args):
+            seen.append((input_ids.shape[1], mask.shape[-1], cache.layers[0].keys.data_ptr()))
+            return fn(model, input_ids, positions, mask, cache, *args)
+
+        return step
+
+    runner = CompiledLanguageModel(model, compile_fn=recording_compile, fixed_shapes=True)
+    prompts = [random_prompt(0), random_prompt(7, length=200)]
+    runner.warm(contexts=[len(p) + 40 for p in prompts])
+    warmed = set(seen)
+    assert {rows for rows, _, _ in warmed} == {1, 2, 4, 8, 16, 32, 64}
+    assert len({capacity for _, capacity, _ in warmed}) == 2  # the two prompts need two cache sizes
+    assert all(seen.count(shape) == 3 for shape in warmed)  # warm-up, record, replay
+    seen.clear()
+    for prompt in prompts:
+        tokens, _ = run_on(runner, "suffix+recycling", {}, prompt, max_new_tokens=40)
+        assert tokens == hf_greedy(model, prompt, 40)
+    assert seen and set(seen) <= warmed
+
+
+def test_warming_unpadded_steps_compiles_each_graph_once():
+    calls: list[int] = []
+
+    def counting_compile(fn, **kwargs):
+        calls.append(1)
+        return fn
+
+    runner = CompiledLanguageModel(_model(0, True), compile_fn=counting_compile)
+    runner.warm(contexts=[100, 5000])  # one symbolic graph per kind serves every size: nothing more to do
+    assert len(calls) == 2 and set(runner.graph_states()) == {"decode", "verify"}
 
 
 @pytest.mark.parametrize("method,options", [("pld", {}), ("suffix+recycling", {}), ("lookahead", {})], ids=str)

@@ -50,9 +50,10 @@ class LanguageModel:
         preallocating cache size itself. The dynamic cache grows as needed."""
         return new_cache(self.config)
 
-    def warm(self, *, hidden_layers: bool = False) -> None:
+    def warm(self, *, hidden_layers: bool = False, contexts: Sequence[int] = ()) -> None:
         """Prepare the decoding steps ahead of time, before anything is measured or a user
-        waits (the compiled runner compiles its graphs here); nothing to do eagerly."""
+        waits (the compiled runner compiles its graphs here, for generations that reach the
+        token counts in `contexts` when that matters); nothing to do eagerly."""
 
     def as_input(self, token_ids: Sequence[int]) -> torch.Tensor:
         """token ids -> LongTensor [1, n] on the model's device."""

@@ -29,7 +29,8 @@ A CUDA graph is recorded per input shape and replays fixed addresses, so there t
 a verify step are padded to a power of two (at most six recordings, not one per draft
 size; the padded rows see only the cache and themselves and their outputs are dropped),
 and a new generation reuses the cache buffers of a finished one of the same capacity
-(new buffers would make every recorded graph record again).
+(new buffers would make every recorded graph record again); `warm(contexts=...)` records
+every padded size for the capacities a bench or a tune will use before anything is timed.
 """
 
 from __future__ import annotations
@@ -141,9 +142,10 @@ def _input_guards(entries: Sequence[Any]) -> list[bool]:
     ]
 
 
-def attended_rows(filled: int, capacity: int, device_type: str) -> int:
-    """How many cache rows a step over `filled` rows (cached plus its own) attends to."""
-    if device_type == "cuda":
+def attended_rows(filled: int, capacity: int, fixed_shapes: bool) -> int:
+    """How many cache rows a step over `filled` rows (cached plus its own) attends to: the
+    whole buffer where steps keep to fixed shapes (CUDA graphs), else a window."""
+    if fixed_shapes:
         return capacity
     return min(capacity, -(-filled // WINDOW_ROWS) * WINDOW_ROWS)
 
@@ -226,7 +228,7 @@ class CompiledLanguageModel(LanguageModel):
 
     def __init__(
         self, model: Any, *, on_notice: Callable[[str], None] | None = None, compile_fn: Callable[..., Any] | None = None,
-        step_dir: Path | None = None, compile_missing: bool = True, pad_rows: bool | None = None,
+        step_dir: Path | None = None, compile_missing: bool = True, fixed_shapes: bool | None = None,
     ) -> None:
         super().__init__(model)
         if not self.supports(model):
@@ -251,8 +253,9 @@ class CompiledLanguageModel(LanguageModel):
         self.compile_missing = compile_missing
         self._graphs: dict[tuple[str, bool], GraphState] = {}
         self.capacity_hint = 0
-        # Verify steps padded to a power of two (None: on CUDA, where each shape is a recording).
-        self.pad_rows = self.device.type == "cuda" if pad_rows is None else pad_rows
+        # Steps keep to a few shapes (None: on CUDA, where each shape is a recording): verify
+        # rows padded to a power of two, attention over the whole buffer.
+        self.fixed_shapes = self.device.type == "cuda" if fixed_shapes is None else fixed_shapes
         # capacity -> (the cache using these buffers, weakly; the buffers): a new cache takes
         # the buffers of a finished generation (see the module doc).
         self._spare: dict[int, tuple[weakref.ref[StaticKVCache], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
@@ -262,10 +265,7 @@ class CompiledLanguageModel(LanguageModel):
     def new_cache(self, tokens: int = 0) -> StaticKVCache:
         """A static cache sized for `tokens` positions (prompt + tokens to generate), or the
         smallest capacity when unknown; it grows when a generation goes longer."""
-        limit = self.max_context
-        capacity = capacity_for(max(tokens, 1) + MAX_COMPILED_ROWS)
-        if limit is not None:
-            capacity = min(capacity, capacity_for(limit + MAX_COMPILED_ROWS))
+        capacity = self._capacity(tokens)
         owner, buffers = self._spare.get(capacity, (None, None))
         if owner is not None and owner() is not None:
             buffers = None  # still in use (a chat's cache, a second generation at once)
@@ -273,6 +273,12 @@ class CompiledLanguageModel(LanguageModel):
         if buffers is not None or owner is None:
             self._spare[capacity] = (weakref.ref(cache), cache.buffers())
         return cache
+
+    def _capacity(self, tokens: int) -> int:
+        capacity = capacity_for(max(tokens, 1) + MAX_COMPILED_ROWS)
+        if self.max_context is not None:
+            capacity = min(capacity, capacity_for(self.max_context + MAX_COMPILED_ROWS))
+        return capacity
 
     # -- graphs -------------------------------------------------------------------------
 
@@ -321,18 +327,36 @@ class CompiledLanguageModel(LanguageModel):
         state.compiled, state.failed = None, first_line(exc, typed=True)
         self._on_notice(f"compiling the {kind} step failed ({state.failed}); running it eagerly")
 
-    def warm(self, *, hidden_layers: bool = False) -> None:
+    def warm(self, *, hidden_layers: bool = False, contexts: Sequence[int] = ()) -> None:
         """Compile both graphs now (decode, verify; with hidden states too if asked) on a
         scratch cache, so that later steps do not wait: for sessions that live long
-        (chat, serve) and for measurements (bench, tune)."""
-        cache = self.new_cache()
+        (chat, serve) and for measurements (bench, tune).
+
+        With fixed shapes (CUDA) every padded row count is run too, three times (CUDA
+        graph trees warm up, record, then replay), for the cache capacity of each of
+        `contexts` (token counts, prompt plus new tokens, that generations will reach): a
+        recording belongs to one capacity's buffers, which the scratch cache leaves to the
+        next generation of that capacity (`new_cache`).
+        """
+        rows_list: tuple[int, ...] = (1, 2)
+        repeats = 1
+        capacities = [self._capacity(0)]
+        if self.fixed_shapes:
+            rows_list = (1, *(1 << i for i in range(1, MAX_COMPILED_ROWS.bit_length())))  # 1, 2, 4, ..., 64
+            repeats = 3
+            capacities = sorted({*capacities, *(self._capacity(tokens) for tokens in contexts)})
         with torch.inference_mode():
-            # A short eager prefill first: a loaded graph is checked on its first step, and
-            # 16-bit logits at the very first positions are too sensitive to rounding.
-            self._run(list(range(1, 17)), cache, True, None, hidden=False)
-            for hidden in (False, True) if hidden_layers else (False,):
-                for rows in (1, 2):
-                    self._run([0] * rows, cache, False, None, hidden=hidden)
+            for capacity in capacities:
+                cache = self.new_cache(capacity - MAX_COMPILED_ROWS)
+                # A short eager prefill first: a loaded graph is checked on its first step, and
+                # 16-bit logits at the very first positions are too sensitive to rounding.
+                self._run(list(range(1, 17)), cache, True, None, hidden=False)
+                for hidden in (False, True) if hidden_layers else (False,):
+                    for rows in rows_list:
+                        for _ in range(repeats):
+                            self._run([0] * rows, cache, False, None, hidden=hidden)
+                            cache.length -= rows  # the scratch rows go; the capacity stays
+                del cache  # its buffers go to the next generation of this capacity
 
     # -- forward ------------------------------------------------------------------------
 
@@ -345,10 +369,10 @@ class CompiledLanguageModel(LanguageModel):
         start = cache.length
         # A prefill (last_only, many rows) runs eagerly: it keeps only the last row's logits.
         kind = graph_kind(rows) if rows == 1 or not last_only else None
-        padding = padded_rows(rows) - rows if kind == VERIFY and self.pad_rows else 0
+        padding = padded_rows(rows) - rows if kind == VERIFY and self.fixed_shapes else 0
         if start + rows + padding > cache.capacity:
             cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
-        width = attended_rows(start + rows + padding, cache.capacity, self.device.type)
+        width = attended_rows(start + rows + padding, cache.capacity, self.fixed_shapes)
         mask, positions = step_mask(start, rows, width, parents, dtype=self.dtype, device=self.device, padding=padding)
         cache.slots.positions = torch.arange(start, start + rows + padding, device=self.device)
         cache.slots.window = mask

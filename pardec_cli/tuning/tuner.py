@@ -206,7 +206,9 @@ class Tuner:
     def run(self) -> TunedResults:
         """Tune every requested profile; results are saved as they come."""
         self.on_event(TuneEvent("stage", message="warming up"))
-        self.session.target.warm()  # compiling (compiled runner) is not measuring: outside the budget
+        # Compiling (compiled runner) is not measuring: outside the budget; every cache size the prompts need.
+        contexts = [len(self.session.encode(p.text)) + self.max_new_tokens for prompts in self.prompts.values() for p in prompts]
+        self.session.target.warm(contexts=contexts)
         started = self.clock()
         todo = [name for name in self.request.profiles if not self._already_done(name)]
         if not todo and self.results.curve is not None:
