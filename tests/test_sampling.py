@@ -11,7 +11,7 @@ import torch
 from pardec_cli.engine import verify as verify_module
 from pardec_cli.engine.loop import decode
 from pardec_cli.engine.proposal import Draft
-from pardec_cli.engine.sampling import SamplingParams, logits_to_probs, sample_from
+from pardec_cli.engine.sampling import SamplingParams, greedy_token, logits_to_probs, sample_from
 from pardec_cli.engine.verify import verify_sampling
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods import registry
@@ -49,6 +49,15 @@ def test_top_p_equals_the_full_sort_whatever_the_nucleus_size(spread, top_p):
     probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
     assert torch.equal(probs == 0, _nucleus_by_full_sort(logits, top_p))
     assert torch.allclose(probs.sum(-1), torch.ones(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_token_is_the_first_of_tied_maxima_as_in_generate(dtype):
+    logits = torch.zeros(49152, dtype=dtype)
+    logits[[7, 300, 40000]] = 5.0  # 16-bit logits tie often
+    assert greedy_token(logits) == 7
+    logits[300] = 5.5
+    assert greedy_token(logits) == 300
 
 
 def test_sample_from_follows_the_distribution_and_never_draws_an_impossible_token():

@@ -36,7 +36,7 @@ from pardec_cli.engine.cache import check_rollback_supported, keep_path
 from pardec_cli.engine.events import FINISH_EOS, FINISH_LENGTH, StepEvent
 from pardec_cli.engine.model import LanguageModel
 from pardec_cli.engine.proposal import Draft, Outcome, Proposer, StartContext, fit_to_tiles
-from pardec_cli.engine.sampling import SamplingParams, logits_to_probs, make_generator, sample_from
+from pardec_cli.engine.sampling import SamplingParams, greedy_token, logits_to_probs, make_generator, sample_from
 from pardec_cli.engine.verify import LazyRows, Verdict, verify_greedy, verify_sampling
 from pardec_cli.errors import ContextOverflowError, PardecUsageError
 
@@ -77,7 +77,7 @@ def decode(
 
     def choose(logits_row: torch.Tensor) -> int:
         if sampling.greedy:
-            return int(logits_row.argmax())
+            return greedy_token(logits_row)
         return sample_from(logits_to_probs(logits_row, sampling), generator)
 
     # Every step runs under inference_mode, but the yields are outside it: a generator

@@ -11,7 +11,7 @@ import torch
 
 from pardec_cli.engine.sampling_params import SamplingParams
 
-__all__ = ["SamplingParams", "logits_to_probs", "make_generator", "sample_from"]
+__all__ = ["SamplingParams", "greedy_token", "logits_to_probs", "make_generator", "sample_from"]
 
 
 def make_generator(params: SamplingParams, device: torch.device | str) -> torch.Generator | None:
@@ -24,6 +24,12 @@ def make_generator(params: SamplingParams, device: torch.device | str) -> torch.
     else:
         generator.seed()
     return generator
+
+
+def greedy_token(logits_row: torch.Tensor) -> int:
+    """The argmax of logits [V] (the first of tied maxima, as generate()'s float32 argmax).
+    In float32: a CPU's bf16 argmax over 49k logits costs 0.16 ms, converting first 0.03 ms."""
+    return int(logits_row.float().argmax())
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 
 from pardec_cli.engine.proposal import Draft
-from pardec_cli.engine.sampling import sample_from
+from pardec_cli.engine.sampling import greedy_token, sample_from
 from pardec_cli.engine.tree import children_by_row
 
 
@@ -81,7 +81,7 @@ def verify_greedy(draft: Draft, logits: torch.Tensor) -> Verdict:
     path: list[int] = []
     row = 0
     while True:
-        want = int(logits[row].argmax())
+        want = greedy_token(logits[row])
         for child in children[row]:
             if tokens[child] == want:
                 path.append(child)

@@ -15,7 +15,7 @@ import torch
 from pardec_cli.engine.cache import rollback_to
 from pardec_cli.engine.model import LanguageModel
 from pardec_cli.engine.proposal import Draft, StartContext
-from pardec_cli.engine.sampling import logits_to_probs, sample_from
+from pardec_cli.engine.sampling import greedy_token, logits_to_probs, sample_from
 
 
 class ModelDrafter:
@@ -49,7 +49,7 @@ class ModelDrafter:
         for i in range(k):
             logits = self._to_target_vocab(logits)  # [V_target]
             if sampling.greedy:
-                token = int(logits.argmax())
+                token = greedy_token(logits)
             else:
                 q = logits_to_probs(logits, sampling)  # [V_target]
                 token = sample_from(q, generator)
