@@ -202,20 +202,23 @@ def _logits_preferring(next_token: dict[int, int], rows: int, vocab: int = 64) -
     return logits
 
 
-def test_greedy_walk_follows_the_targets_argmax_through_the_tree():
+# Row by row (a CPU) or every row's argmax at once (an accelerator): the same walk.
+@pytest.mark.parametrize("all_rows", [False, True])
+def test_greedy_walk_follows_the_targets_argmax_through_the_tree(all_rows):
     draft = Draft(TOKENS, parents=PARENTS)
     # The target wants 11 after the root, then 13 after node 3, then 33 after node 7.
     logits = _logits_preferring({0: 11, 4: 13, 8: 33, 1: 20, 2: 30}, len(TOKENS) + 1)
-    assert verify_greedy(draft, logits) == Verdict(2, (11, 13, 33), (3, 7))
+    assert verify_greedy(draft, logits, all_rows=all_rows) == Verdict(2, (11, 13, 33), (3, 7))
     # Nothing matches at the root: only the target's token.
-    assert verify_greedy(draft, _logits_preferring({0: 60}, len(TOKENS) + 1)) == Verdict(0, (60,), ())
+    assert verify_greedy(draft, _logits_preferring({0: 60}, len(TOKENS) + 1), all_rows=all_rows) == Verdict(0, (60,), ())
 
 
-def test_greedy_chain_keeps_the_longest_agreeing_prefix():
+@pytest.mark.parametrize("all_rows", [False, True])
+def test_greedy_chain_keeps_the_longest_agreeing_prefix(all_rows):
     chain = Draft((4, 5, 6))
     logits = _logits_preferring({0: 4, 1: 5, 2: 9, 3: 7}, 4)
-    assert verify_greedy(chain, logits) == Verdict(2, (4, 5, 9), (0, 1))
-    assert verify_greedy(Draft(), _logits_preferring({0: 3}, 1)) == Verdict(0, (3,), ())
+    assert verify_greedy(chain, logits, all_rows=all_rows) == Verdict(2, (4, 5, 9), (0, 1))
+    assert verify_greedy(Draft(), _logits_preferring({0: 3}, 1), all_rows=all_rows) == Verdict(0, (3,), ())
 
 
 # --- exact sampling over trees ------------------------------------------------------------

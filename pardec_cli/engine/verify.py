@@ -69,19 +69,24 @@ class LazyRows:
         return probs
 
 
-def verify_greedy(draft: Draft, logits: torch.Tensor) -> Verdict:
-    """logits: [k+1, V] for the inputs [root, *draft.tokens].
+def verify_greedy(draft: Draft, logits: torch.Tensor, *, all_rows: bool | None = None) -> Verdict:
+    """logits: [k+1, V] for the inputs [root, *draft.tokens]. `all_rows`: take every
+    row's argmax at once (None: off a CPU).
 
-    The argmax is taken only for the rows the walk visits (the kept path and the bonus
-    row): over a 49k vocabulary it costs ~0.1-0.2 ms per row on a CPU, which a tree of
-    32 nodes would otherwise pay for every node.
+    On a CPU the argmax is taken only for the rows the walk visits (the kept path and the
+    bonus row): over a 49k vocabulary it costs ~0.03 ms per row, which a tree of 32 nodes
+    would otherwise pay for every node. On an accelerator it is one kernel for every row
+    and one transfer, where each visited row would wait for its own.
     """
     tokens = draft.tokens
     children = children_by_row(draft.parents, len(tokens))
     path: list[int] = []
     row = 0
+    if all_rows is None:
+        all_rows = logits.device.type != "cpu"
+    wants = logits.float().argmax(-1).tolist() if all_rows else None
     while True:
-        want = greedy_token(logits[row])
+        want = greedy_token(logits[row]) if wants is None else wants[row]
         for child in children[row]:
             if tokens[child] == want:
                 path.append(child)
