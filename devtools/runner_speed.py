@@ -1,6 +1,6 @@
 """Measure the compiled runner against the eager step: compile time, step time, break-even.
 
-Loads one model, compiles the runner's two graphs (decode, verify) and then times one
+Loads one model, compiles the runner's graphs (decode, verify, verify-wide) and then times one
 forward of k new tokens over a `--context`-token cache, eager (`LanguageModel`, dynamic
 cache) and compiled, interleaved k by k so that machine drift hits both alike. Prints
 per k the median and the interquartile range of each, and the break-even: compile
@@ -91,7 +91,7 @@ def main() -> None:
     saved_ms = one["eager"][1] - one["compiled"][1] if one else float("nan")
     break_even = compile_s / (saved_ms / 1000) if saved_ms > 0 else float("inf")
     origins = sorted({state.origin for state in target.graph_states().values()})
-    print(f"{' and '.join(origins)} (both graphs) {compile_s:.1f} s; saved per one-token step {saved_ms:.1f} ms; "
+    print(f"{' and '.join(origins)} (all graphs) {compile_s:.1f} s; saved per one-token step {saved_ms:.1f} ms; "
           f"break-even {break_even:.0f} tokens")
     if args.json:
         with open(args.json, "w") as f:

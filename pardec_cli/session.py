@@ -210,7 +210,7 @@ class Session:
         one-line messages (compiling, falling back to eager).
         """
         from pardec_cli.engine.compile_policy import compile_pays
-        from pardec_cli.engine.runner import DECODE, VERIFY, CompiledLanguageModel, step_file
+        from pardec_cli.engine.runner import GRAPH_KINDS, CompiledLanguageModel, step_file
         from pardec_cli.hardware import resolve_device, resolve_dtype
         from pardec_cli.store.loading import load_model
         from pardec_cli.store.resolve import resolve_model
@@ -223,7 +223,7 @@ class Session:
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights)
         # auto: compile for long-lived sessions and long work; for shorter work only when an
         # earlier run saved the steps, and then without compiling any that are missing.
-        saved = all(step_file(compiled_steps_dir(), model, kind).is_file() for kind in (DECODE, VERIFY))
+        saved = all(step_file(compiled_steps_dir(), model, kind).is_file() for kind in GRAPH_KINDS)
         compiled = compile == "on" or (
             compile == "auto" and CompiledLanguageModel.supports(model) and compile_pays(expected_tokens, device, saved=saved)
         )

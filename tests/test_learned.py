@@ -225,9 +225,23 @@ def test_a_measured_cost_curve_is_kept_per_step_kind_beside_the_rows() -> None:
     assert len(read_usage("sha256:m", "cpu:AMD EPYC", STEP).rows["chat"]["pld[num_draft=8]"]) == 2
     assert read_curve("sha256:m", "cpu:AMD EPYC", "float32/full/compiled") is None
     data = json.loads(learned_path().read_text())
-    data["curves"][f"sha256:m|cpu:AMD EPYC|{STEP}"]["ms"].pop("1")  # no n=1 point: not a curve
+    (key,) = data["curves"]
+    data["curves"][key]["ms"].pop("1")  # no n=1 point: not a curve
     learned_path().write_text(json.dumps(data))
     assert read_curve("sha256:m", "cpu:AMD EPYC", STEP) is None
+
+
+def test_a_curve_measured_by_an_older_pardec_is_measured_again(monkeypatch) -> None:
+    """Its steps may have cost otherwise (another attention, other graphs)."""
+    from pardec_cli.selection import learned
+    from pardec_cli.selection.costmodel import CostCurve
+
+    record_curve = learned.record_curve
+    monkeypatch.setattr(learned, "CURVE_VERSION", learned.CURVE_VERSION - 1)
+    record_curve("sha256:m", "cpu:AMD EPYC", STEP, CostCurve.from_mapping({1: 10.0, 2: 13.4}, "measured here"))
+    assert learned.read_curve("sha256:m", "cpu:AMD EPYC", STEP) is not None
+    monkeypatch.undo()
+    assert learned.read_curve("sha256:m", "cpu:AMD EPYC", STEP) is None
 
 
 def test_the_curve_measured_for_this_step_kind_outranks_tunes_which_outranks_the_estimate() -> None:

@@ -17,6 +17,7 @@ import torch
 
 from pardec_cli.engine.cache import keep_path, rollback_to
 from pardec_cli.engine.events import FINISH_EOS, FINISH_LENGTH
+from pardec_cli.engine.attention import REDUCE_ROWS
 from pardec_cli.engine.loop import decode
 from pardec_cli.engine.model import LanguageModel
 from pardec_cli.engine.compile_policy import compile_pays
@@ -24,6 +25,7 @@ from pardec_cli.engine.runner import (
     DECODE,
     MAX_COMPILED_ROWS,
     VERIFY,
+    VERIFY_WIDE,
     CompiledLanguageModel,
     compile_options,
     graph_kind,
@@ -65,9 +67,10 @@ def run_on(target: LanguageModel, method: str, options: dict, prompt, *, max_new
 # ------------------------------------------------------------------ the pieces
 
 
-def test_graph_kinds_one_token_several_tokens_and_eager_beyond():
+def test_graph_kinds_one_token_a_few_tokens_more_tokens_and_eager_beyond():
     assert graph_kind(1) == DECODE
-    assert graph_kind(2) == graph_kind(MAX_COMPILED_ROWS) == VERIFY
+    assert graph_kind(2) == graph_kind(REDUCE_ROWS) == VERIFY
+    assert graph_kind(REDUCE_ROWS + 1) == graph_kind(MAX_COMPILED_ROWS) == VERIFY_WIDE
     assert graph_kind(MAX_COMPILED_ROWS + 1) is None
 
 
@@ -340,7 +343,7 @@ def test_warming_unpadded_steps_compiles_each_graph_once():
 
     runner = CompiledLanguageModel(_model(0, True), compile_fn=counting_compile)
     runner.warm(contexts=[100, 5000])  # one symbolic graph per kind serves every size: nothing more to do
-    assert len(calls) == 2 and set(runner.graph_states()) == {"decode", "verify"}
+    assert len(calls) == 3 and set(runner.graph_states()) == {"decode", "verify", "verify-wide"}
 
 
 @pytest.mark.parametrize("method,options", [("pld", {}), ("suffix+recycling", {}), ("lookahead", {})], ids=str)
@@ -380,7 +383,7 @@ def test_a_graph_that_fails_to_compile_runs_eagerly_with_one_notice():
     tokens, _ = run_on(runner, "pld", {}, random_prompt(0), max_new_tokens=40)
     assert tokens == list(_reference(0, True, 40))
     failed = [n for n in notices if "failed" in n]
-    assert len(failed) == 2  # one per graph (decode, verify), not one per step
+    assert len(failed) == len(runner.graph_states()) >= 2  # one per graph (decode, verify, ...), not one per step
     assert "no C++ compiler found" in failed[0] and "long trace" not in failed[0]
     assert all(state.failed for state in runner.graph_states().values())
 
@@ -480,7 +483,9 @@ def test_hidden_states_come_out_of_compiled_and_saved_steps(tmp_path):
     events = list(decode(runner, registry.create("eagle3", {"topk": 3, "depth": 3, "nodes": 8}, env), prompt, max_new_tokens=40))
     assert [t for e in events for t in e.tokens] == hf_greedy(model, prompt, 40)
     assert sum(e.drafted for e in events) > 0
-    assert {name: state.failed for name, state in runner.graph_states().items()} == {"decode+hidden": None, "verify+hidden": None}
+    states = {name: state.failed for name, state in runner.graph_states().items()}
+    assert {"decode+hidden", "verify+hidden"} <= set(states) <= {"decode+hidden", "verify+hidden", "verify-wide+hidden"}
+    assert set(states.values()) == {None}
     assert step_file(tmp_path / "steps", model, VERIFY, hidden=True).is_file()
 
 
@@ -564,7 +569,7 @@ def test_without_compile_missing_only_saved_steps_run_compiled(tmp_path):
 
 
 @pytest.mark.real_model  # Session.load reads the real tokenizer
-def test_auto_compiles_short_work_only_once_both_steps_are_saved(tiny_cli_model, isolated_home):
+def test_auto_compiles_short_work_only_once_every_step_is_saved(tiny_cli_model, isolated_home):
     from pardec_cli.session import Session, compiled_steps_dir
 
     def load(tokens):
@@ -574,8 +579,9 @@ def test_auto_compiles_short_work_only_once_both_steps_are_saved(tiny_cli_model,
     model = load(512).target.model
     compiled_steps_dir().mkdir(parents=True)
     step_file(compiled_steps_dir(), model, DECODE).write_bytes(b"saved")
-    assert not load(512).compiled  # the verify step is not saved yet
     step_file(compiled_steps_dir(), model, VERIFY).write_bytes(b"saved")
+    assert not load(512).compiled  # the wide verify step is not saved yet
+    step_file(compiled_steps_dir(), model, VERIFY_WIDE).write_bytes(b"saved")
     session = load(512)
     assert session.compiled and session.target.compile_missing is False
     assert not load(64).compiled

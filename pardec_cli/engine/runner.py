@@ -9,10 +9,12 @@ are unchanged); what differs is underneath:
   (the filled rows rounded up to WINDOW_ROWS: cache rows before the step, its own tree
   ancestors; nothing at or past the filled length), so a chain, a tree and one token are
   the same computation, and attention does not read the empty tail of the buffer;
-- steps of 1 token and steps of 2..MAX_COMPILED_ROWS tokens run through two compiled
-  graphs (the second with a symbolic row count; both with a symbolic window and capacity:
-  one compile serves every draft size and every cache size); prefills and anything
-  larger run eagerly over the same buffers.
+- steps of 1 token, of 2..REDUCE_ROWS and of REDUCE_ROWS+1..MAX_COMPILED_ROWS tokens run
+  through three compiled graphs (the last two with a symbolic row count; all with a
+  symbolic window and capacity: one compile serves every draft size and every cache
+  size; two verify graphs because 16-bit CPU attention is written differently for a few
+  rows, `engine.attention`); prefills and anything larger run eagerly over the same
+  buffers.
 
 Compiling happens on first use of a graph, in the calling thread, announced through
 `on_notice`. A graph that fails to compile is dropped with one notice and its steps run
@@ -46,6 +48,8 @@ from typing import Any
 
 import torch
 
+from pardec_cli.engine.attention import CPU_ATTENTION, REDUCE_ROWS
+from pardec_cli.engine.attention import register as register_cpu_attention
 from pardec_cli.engine.model import TREE_ATTENTION, LanguageModel
 from pardec_cli.engine.static_cache import StaticKVCache, capacity_for
 from pardec_cli.engine.tree import ancestor_matrix, depths
@@ -53,10 +57,12 @@ from pardec_cli.errors import PardecUsageError, first_line
 
 #: Steps with more rows than this (prefills, huge trees) run eagerly.
 MAX_COMPILED_ROWS = 64
-#: The graph kinds: one token (decoding), several (verifying a draft).
-DECODE, VERIFY = "decode", "verify"
+#: The graph kinds: one token (decoding), a few (verifying a draft of up to REDUCE_ROWS
+#: rows, where the CPU attention sums broadcast products), more (verifying a larger one).
+DECODE, VERIFY, VERIFY_WIDE = "decode", "verify", "verify-wide"
+GRAPH_KINDS = (DECODE, VERIFY, VERIFY_WIDE)
 #: Bumped when the graphs' inputs or outputs change: older saved steps are then ignored.
-STEP_FORMAT = 3
+STEP_FORMAT = 4
 #: Inductor options of the precompiled (CPU) steps. No runtime size, stride or alignment
 #: asserts: the runner alone builds the inputs, a loaded step is checked against the
 #: eager one, and the ~970 asserts per one-token step cost Python time on every step.
@@ -87,14 +93,16 @@ def precompiles(device_type: str) -> bool:
 
 
 def runner_attention(model: Any) -> str:
-    """The attention the runner runs `model` with. PyTorch's 16-bit SDPA kernel on CPUs
-    without AMX costs ~0.35 ms per layer for one query over 512 keys (fp32: 0.05 ms); the
-    plain matmul-softmax-matmul ("eager"), fused by inductor, does not. Same math, so the
-    output is unchanged up to 16-bit rounding; float32 keeps SDPA, bit-exact."""
+    """The attention the runner runs `model` with. In 16 bits on a CPU, pardec's
+    (`engine.attention`): PyTorch's 16-bit SDPA kernel on CPUs without AMX costs ~0.35 ms
+    per layer for one query over 512 keys (fp32: 0.05 ms), and transformers' eager one
+    copies the cache for a `bmm` per layer in a step of a few rows; pardec's compiles into
+    loops over the cache. Same math, so the output is unchanged up to 16-bit rounding;
+    float32 keeps SDPA, bit-exact."""
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
     first = next(model.parameters())
-    if first.device.type == "cpu" and first.dtype != torch.float32 and attention == "sdpa":
-        return "eager"
+    if first.device.type == "cpu" and first.dtype != torch.float32 and attention in ("sdpa", "eager"):
+        return CPU_ATTENTION
     return attention
 
 
@@ -159,8 +167,10 @@ def graph_kind(rows: int) -> str | None:
     """Which compiled graph runs a step of `rows` inputs (None: eager)."""
     if rows == 1:
         return DECODE
-    if 2 <= rows <= MAX_COMPILED_ROWS:
+    if 2 <= rows <= REDUCE_ROWS:
         return VERIFY
+    if rows <= MAX_COMPILED_ROWS:
+        return VERIFY_WIDE
     return None
 
 
@@ -242,6 +252,8 @@ class CompiledLanguageModel(LanguageModel):
         # the graphs of a second and third model in one process (tests, a drafter) eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         if (attention := runner_attention(model)) != self.config._attn_implementation:
+            if attention == CPU_ATTENTION:
+                register_cpu_attention()
             model.set_attn_implementation(attention)
         self._on_notice = on_notice or (lambda message: None)
         # An injected compile_fn (tests) always compiles lazily, like torch.compile on CUDA.
@@ -328,7 +340,7 @@ class CompiledLanguageModel(LanguageModel):
         self._on_notice(f"compiling the {kind} step failed ({state.failed}); running it eagerly")
 
     def warm(self, *, hidden_layers: bool = False, contexts: Sequence[int] = ()) -> None:
-        """Compile both graphs now (decode, verify; with hidden states too if asked) on a
+        """Compile the graphs now (decode, verify, verify-wide; with hidden states too if asked) on a
         scratch cache, so that later steps do not wait: for sessions that live long
         (chat, serve) and for measurements (bench, tune).
 
@@ -338,7 +350,7 @@ class CompiledLanguageModel(LanguageModel):
         recording belongs to one capacity's buffers, which the scratch cache leaves to the
         next generation of that capacity (`new_cache`).
         """
-        rows_list: tuple[int, ...] = (1, 2)
+        rows_list: tuple[int, ...] = (1, 2, REDUCE_ROWS + 1)  # one step of each graph kind
         repeats = 1
         capacities = [self._capacity(0)]
         if self.fixed_shapes:
@@ -369,7 +381,7 @@ class CompiledLanguageModel(LanguageModel):
         start = cache.length
         # A prefill (last_only, many rows) runs eagerly: it keeps only the last row's logits.
         kind = graph_kind(rows) if rows == 1 or not last_only else None
-        padding = padded_rows(rows) - rows if kind == VERIFY and self.fixed_shapes else 0
+        padding = padded_rows(rows) - rows if kind in (VERIFY, VERIFY_WIDE) and self.fixed_shapes else 0
         if start + rows + padding > cache.capacity:
             cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
         width = attended_rows(start + rows + padding, cache.capacity, self.fixed_shapes)
@@ -456,7 +468,7 @@ class CompiledLanguageModel(LanguageModel):
     def _mark_dynamic(kind: str, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache) -> None:
         # One verify graph for every row count, one graph of each kind for every capacity.
         mark = torch._dynamo.maybe_mark_dynamic
-        if kind == VERIFY:
+        if kind != DECODE:
             for tensor in (input_ids, positions, cache.slots.positions):
                 mark(tensor, 1 if tensor.dim() == 2 else 0)
             mark(mask, 2)

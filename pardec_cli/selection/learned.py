@@ -310,8 +310,13 @@ def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, cloc
     return True
 
 
+#: Bumped when pardec's steps change what verifying n tokens costs (2: the compiled CPU
+#: steps' attention, `engine.attention`): curves measured before are measured again.
+CURVE_VERSION = 2
+
+
 def _curve_key(fingerprint: str, hardware: str, step: str) -> str:
-    return "|".join((fingerprint, hardware, step))
+    return "|".join((fingerprint, hardware, step, f"v{CURVE_VERSION}"))
 
 
 def _curve(curves: Mapping[str, Any], key: str) -> CostCurve | None:

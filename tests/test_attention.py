@@ -1,0 +1,58 @@
+"""pardec's CPU attention (engine.attention): the same math as transformers' eager attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from pardec_cli.engine.attention import CPU_ATTENTION, REDUCE_ROWS, attend, cpu_attention
+from pardec_cli.engine.runner import CompiledLanguageModel, runner_attention
+from tests.tiny_models import tiny_llama
+
+
+class _Module:
+    """What eager attention reads from the attention module."""
+
+    training = False
+
+    def __init__(self, groups: int) -> None:
+        self.num_key_value_groups = groups
+
+
+# Both ways of writing it: broadcast products (compiled steps of up to REDUCE_ROWS rows), matmul.
+@pytest.mark.parametrize("products", [True, False])
+@pytest.mark.parametrize("rows", [1, 2, REDUCE_ROWS, REDUCE_ROWS + 1, 33])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3)])
+def test_cpu_attention_equals_eager_attention(products, rows, heads, kv_heads):
+    generator = torch.Generator().manual_seed(rows * 10 + heads)
+    width, dim = 70, 16
+    query = torch.randn(1, heads, rows, dim, generator=generator)
+    key = torch.randn(1, kv_heads, width, dim, generator=generator)
+    value = torch.randn(1, kv_heads, width, dim, generator=generator)
+    mask = torch.zeros(1, 1, rows, width)
+    mask[..., -5:] = torch.finfo(torch.float32).min  # rows the cache does not hold yet
+    mask[0, 0, 0, 60:65] = torch.finfo(torch.float32).min  # a tree row that does not see its siblings
+    module = _Module(heads // kv_heads)
+    expected, expected_weights = eager_attention_forward(module, query, key, value, mask, scaling=0.25)
+    got, weights = attend(query, key, value, mask, 0.25, products=products)
+    assert got.shape == expected.shape == (1, rows, heads, dim)
+    assert torch.allclose(got, expected, atol=1e-5) and torch.allclose(weights, expected_weights, atol=1e-6)
+
+
+def test_products_only_inside_a_compiled_step_of_a_few_rows(monkeypatch):
+    seen = []
+    monkeypatch.setattr("pardec_cli.engine.attention.attend", lambda *args, products: seen.append(products))
+    for rows in (2, REDUCE_ROWS + 1):
+        query, key = torch.zeros(1, 4, rows, 8), torch.zeros(1, 2, 16, 8)
+        cpu_attention(None, query, key, key, None, 1.0)  # eagerly: matmul, whatever the rows
+    assert seen == [False, False]
+
+
+def test_the_runner_uses_it_for_16_bit_cpu_steps_and_keeps_sdpa_for_float32():
+    assert runner_attention(tiny_llama(0)) == "sdpa"  # float32: bit-exact SDPA
+    model = tiny_llama(0).to(torch.bfloat16)
+    assert runner_attention(model) == CPU_ATTENTION
+    CompiledLanguageModel(model, compile_fn=lambda fn, **kwargs: fn)
+    assert model.config._attn_implementation == CPU_ATTENTION
+    assert CompiledLanguageModel.supports(model)  # a second runner over the same model
