@@ -49,10 +49,13 @@ def test_products_only_inside_a_compiled_step_of_a_few_rows(monkeypatch):
     assert seen == [False, False]
 
 
-def test_the_runner_uses_it_for_16_bit_cpu_steps_and_keeps_sdpa_for_float32():
-    assert runner_attention(tiny_llama(0)) == "sdpa"  # float32: bit-exact SDPA
+def test_the_runner_uses_it_for_16_bit_cpu_steps_without_amx_and_keeps_sdpa_for_float32(monkeypatch):
+    assert runner_attention(tiny_llama(0), amx=False) == "sdpa"  # float32: bit-exact SDPA
     model = tiny_llama(0).to(torch.bfloat16)
-    assert runner_attention(model) == CPU_ATTENTION
+    assert runner_attention(model, amx=False) == CPU_ATTENTION
+    assert runner_attention(model, amx=True) == "eager"  # matmul measured faster with AMX
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     CompiledLanguageModel(model, compile_fn=lambda fn, **kwargs: fn)
     assert model.config._attn_implementation == CPU_ATTENTION
     assert CompiledLanguageModel.supports(model)  # a second runner over the same model
+    assert runner_attention(model, amx=True) == "eager"  # a home shared with an AMX machine

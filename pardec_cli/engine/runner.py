@@ -92,17 +92,21 @@ def precompiles(device_type: str) -> bool:
     return device_type == "cpu" and hasattr(torch.compiler, "load_compiled_function")
 
 
-def runner_attention(model: Any) -> str:
-    """The attention the runner runs `model` with. In 16 bits on a CPU, pardec's
-    (`engine.attention`): PyTorch's 16-bit SDPA kernel on CPUs without AMX costs ~0.35 ms
-    per layer for one query over 512 keys (fp32: 0.05 ms), and transformers' eager one
-    copies the cache for a `bmm` per layer in a step of a few rows; pardec's compiles into
-    loops over the cache. Same math, so the output is unchanged up to 16-bit rounding;
-    float32 keeps SDPA, bit-exact."""
+def runner_attention(model: Any, amx: bool | None = None) -> str:
+    """The attention the runner runs `model` with. In 16 bits on a CPU without AMX,
+    pardec's (`engine.attention`): PyTorch's 16-bit SDPA kernel there costs ~0.35 ms per
+    layer for one query over 512 keys (fp32: 0.05 ms), and transformers' eager one copies
+    the cache for a `bmm` per layer in a step of a few rows, where pardec's compiles into
+    loops over the cache. With AMX, transformers' eager attention (its `bmm` was measured
+    faster there for 16-32 rows; a few rows were not measured). Same math, so the output
+    is unchanged up to 16-bit rounding; float32 keeps SDPA, bit-exact. `amx`: whether the
+    CPU has AMX tiles (None: torch's own check, the one its kernels go by)."""
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
     first = next(model.parameters())
-    if first.device.type == "cpu" and first.dtype != torch.float32 and attention in ("sdpa", "eager"):
-        return CPU_ATTENTION
+    if first.device.type == "cpu" and first.dtype != torch.float32 and attention in ("sdpa", "eager", CPU_ATTENTION):
+        if amx is None:
+            amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+        return "eager" if amx else CPU_ATTENTION
     return attention
 
 
