@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-#: Tokens after which compiling the two step graphs has paid for itself, per device type:
-#: the compile time of both graphs over the time saved per one-token step. CPU: measured
+#: Tokens after which compiling the step graphs has paid for itself, per device type:
+#: the compile time of the graphs over the time saved per one-token step. CPU: measured
 #: with `python -m devtools.runner_speed` (SmolLM2-135M, bf16, int4 weights, 2
-#: AVX512-bf16 cores: 94 s to compile, 24.5 -> 17.1 ms per step: 12,700 tokens). CUDA:
-#: measured with `python -m devtools.cuda_check` (same architecture, bf16, one H200, 16
-#: cores, torch 2.11: 114 s to compile both graphs, 16.6 -> 2.6 ms per step: 8,100 tokens).
-BREAK_EVEN_TOKENS = {"cpu": 12_800, "cuda": 8_100}
+#: AVX512-bf16 cores, an empty compile cache: 131 s to compile the three graphs, 12.9 ->
+#: 6.2 ms per step: 19,600 tokens). CUDA: measured with `python -m devtools.cuda_check`
+#: (same architecture, bf16, one H200, 16 cores, torch 2.11: 114 s to compile the two
+#: graphs of then, 16.6 -> 2.6 ms per step: 8,100 tokens).
+BREAK_EVEN_TOKENS = {"cpu": 19_600, "cuda": 8_100}
 
 
 #: The same once an earlier run saved the model's precompiled steps (CPU): loading both,
