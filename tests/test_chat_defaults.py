@@ -118,8 +118,9 @@ def test_a_guarded_reply_is_the_unguarded_one_cut_where_the_loop_is_found(method
     # A sharply peaked tiny model falls into runs of one token; under sampling with a seed
     # the same random numbers are drawn with and without the guard (thresholds scaled
     # down to the tiny model), so the guarded tokens must be a prefix of the free ones.
+    # Seed 0: a reply that loops within 300 tokens with both methods (most seeds do).
     target = peaked(tiny_llama(5, vocab=8, layers=2), scale=10.0)
-    sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=3)
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=0)
     free = _stream_tokens(target, method, sampling, guard=False)
     guarded = _stream_tokens(target, method, sampling, guard=RepetitionGuard(max_period=8, min_repeats=4, min_tokens=16))
     assert guarded.finish_reason == FINISH_REPETITION
