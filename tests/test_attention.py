@@ -40,12 +40,30 @@ def test_cpu_attention_equals_eager_attention(products, rows, heads, kv_heads):
     assert torch.allclose(got, expected, atol=1e-5) and torch.allclose(weights, expected_weights, atol=1e-6)
 
 
+@pytest.mark.parametrize("products", [True, False])
+def test_gemma2_softcap_and_the_default_scaling_as_in_its_eager_attention(products, monkeypatch):
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
+
+    generator = torch.Generator().manual_seed(5)
+    query = torch.randn(1, 4, 3, 16, generator=generator) * 4  # large scores: the cap bites
+    key = torch.randn(1, 2, 20, 16, generator=generator) * 4
+    value = torch.randn(1, 2, 20, 16, generator=generator)
+    module = _Module(2)
+    module.head_dim = 16
+    expected, _ = gemma2_eager(module, query, key, value, None, softcap=5.0)  # scaling: head_dim ** -0.5
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: products)
+    got, _ = cpu_attention(module, query, key, value, None, dropout=0.0, softcap=5.0)
+    assert torch.allclose(got, expected, atol=1e-5)
+    uncapped, _ = eager_attention_forward(module, query, key, value, None, scaling=0.25)
+    assert not torch.allclose(got, uncapped, atol=1e-3)
+
+
 def test_products_only_inside_a_compiled_step_of_a_few_rows(monkeypatch):
     seen = []
-    monkeypatch.setattr("pardec_cli.engine.attention.attend", lambda *args, products: seen.append(products))
+    monkeypatch.setattr("pardec_cli.engine.attention.attend", lambda *args, products, softcap: seen.append(products))
     for rows in (2, REDUCE_ROWS + 1):
         query, key = torch.zeros(1, 4, rows, 8), torch.zeros(1, 2, 16, 8)
-        cpu_attention(None, query, key, key, None, 1.0)  # eagerly: matmul, whatever the rows
+        cpu_attention(None, query, key, key, None, scaling=1.0)  # eagerly: matmul, whatever the rows
     assert seen == [False, False]
 
 

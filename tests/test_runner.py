@@ -483,9 +483,9 @@ def test_hidden_states_come_out_of_compiled_and_saved_steps(tmp_path):
     events = list(decode(runner, registry.create("eagle3", {"topk": 3, "depth": 3, "nodes": 8}, env), prompt, max_new_tokens=40))
     assert [t for e in events for t in e.tokens] == hf_greedy(model, prompt, 40)
     assert sum(e.drafted for e in events) > 0
-    states = {name: state.failed for name, state in runner.graph_states().items()}
-    assert {"decode+hidden", "verify+hidden"} <= set(states) <= {"decode+hidden", "verify+hidden", "verify-wide+hidden"}
-    assert set(states.values()) == {None}
+    # Trees of 8 nodes: 9 rows, the wide verify graph; fewer after a short match.
+    expected = {"decode+hidden": None, "verify+hidden": None, "verify-wide+hidden": None}
+    assert {name: state.failed for name, state in runner.graph_states().items()} == expected
     assert step_file(tmp_path / "steps", model, VERIFY, hidden=True).is_file()
 
 
@@ -579,6 +579,7 @@ def test_auto_compiles_short_work_only_once_every_step_is_saved(tiny_cli_model, 
     model = load(512).target.model
     compiled_steps_dir().mkdir(parents=True)
     step_file(compiled_steps_dir(), model, DECODE).write_bytes(b"saved")
+    assert not load(512).compiled  # the verify steps are not saved yet
     step_file(compiled_steps_dir(), model, VERIFY).write_bytes(b"saved")
     assert not load(512).compiled  # the wide verify step is not saved yet
     step_file(compiled_steps_dir(), model, VERIFY_WIDE).write_bytes(b"saved")

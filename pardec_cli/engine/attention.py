@@ -28,22 +28,27 @@ REDUCE_ROWS = 8
 
 def cpu_attention(
     module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-    scaling: float, dropout: float = 0.0, **kwargs: Any,
+    dropout: float = 0.0, scaling: float | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' attention interface: (output [B, q, H, D], weights [B, H, q, W]), as
-    its eager attention. Broadcast products only inside a compiled step (see `attend`)."""
+    its eager attention, with the two extras of the decoders' eager functions: a default
+    scaling (head_dim ** -0.5) and Gemma 2's `softcap`. Broadcast products only inside a
+    compiled step (see `attend`)."""
+    if scaling is None:
+        scaling = module.head_dim**-0.5
     products = query.shape[2] <= REDUCE_ROWS and torch.compiler.is_compiling()
-    return attend(query, key, value, attention_mask, scaling, products=products)
+    return attend(query, key, value, attention_mask, scaling, products=products, softcap=kwargs.get("softcap"))
 
 
 def attend(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float, *,
-    products: bool,
+    products: bool, softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query [B, H, q, D], key and value [B, H_kv, W, D], an additive mask [B, 1, q, W] ->
     (output [B, q, H, D], attention weights [B, H, q, W]). `products`: as broadcast
     products summed (what inductor turns into loops over the cache; run eagerly they
-    materialize every product), else key-value heads repeated and `matmul`."""
+    materialize every product), else key-value heads repeated and `matmul`. `softcap`:
+    scores become softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
     b, heads, rows, dim = query.shape
     kv_heads, width = key.shape[1], key.shape[2]
     groups = heads // kv_heads
@@ -55,6 +60,8 @@ def attend(
         key = key[:, :, None].expand(b, kv_heads, groups, width, dim).reshape(b, heads, width, dim)
         value = value[:, :, None].expand(b, kv_heads, groups, width, dim).reshape(b, heads, width, dim)
         scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
