@@ -136,13 +136,15 @@ def plan_reply(
         if selector is None:
             raise ValueError("method auto needs a selector")
         choice = replace(selector.choose(text, name, greedy=settings.sampling.greedy), task=task)
-        method, knobs, adapt_lines = auto_method(choice, options)
+        sampling = settings.sampling
+        repeatable = not sampling.greedy and sampling.seed is not None
+        method, knobs, adapt_lines = auto_method(choice, options, repeatable=repeatable)
         return Plan(settings, method, knobs, name, (*choice.reasons(), *adapt_lines), choice)
     given = f"{name} (detected: {'; '.join(task.reasons)})" if task else f"{name} (given)"
     return Plan(settings, method, dict(options), name, (f"method    {method} (given)", f"profile   {given}"))
 
 
-def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str, Any], list[str]]:
+def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = False) -> tuple[str, dict[str, Any], list[str]]:
     """How auto's `choice` (a `selection.selector.Choice`) is run, given auto's own knobs
     (`methods.registry.AUTO_OPTIONS`): (method, knobs, lines for --explain).
 
@@ -154,13 +156,21 @@ def auto_method(choice: Any, options: Mapping[str, Any]) -> tuple[str, dict[str,
     first and keeps running while it measures fastest. When auto expects nothing to beat plain decoding, plain decoding
     runs first and the best other candidate gets a chance to prove the estimate wrong, at
     a size whose junk drafts cost little (both sizes: `methods.adaptive.challenger_arm`).
+
+    `repeatable` (a sampled reply with a seed): `adapt` is off unless given. Which arm drafts
+    depends on measured time, and a sampled reply's tokens on what was drafted, so a
+    switching reply would not repeat for its seed.
     """
     from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, challenger_arm, second_arm
     from pardec_cli.methods.options import resolve_options
     from pardec_cli.methods.registry import AUTO_OPTIONS, get_spec
 
     method, knobs = choice.method, dict(choice.knobs)
-    if not resolve_options(AUTO, AUTO_OPTIONS, options)["adapt"]:
+    adapt = resolve_options(AUTO, AUTO_OPTIONS, options)["adapt"]
+    if repeatable and "adapt" not in options:
+        return method, knobs, [f"adapt     off: a seeded sampled reply keeps {arm_label(method, knobs)} so that the seed "
+                               "repeats it (switching depends on measured time; -O adapt=on switches anyway)"]
+    if not adapt:
         return method, knobs, []
     if method == "vanilla":
         other = next((e for e in choice.ranking if e.method != "vanilla"), None)

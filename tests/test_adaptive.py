@@ -368,6 +368,18 @@ def test_auto_runs_its_choice_adaptively_unless_adapt_is_off():
         auto_method(choice("pld", {}), {"adapt": "sometimes"})
 
 
+def test_a_seeded_sampled_reply_keeps_auto_s_choice_unless_adapt_is_given():
+    """Switches follow measured time, and a sampled reply's tokens follow what was drafted:
+    only a fixed method lets a seed repeat a reply."""
+    method, knobs, lines = auto_method(choice("pld", {"num_draft": 8}), {}, repeatable=True)
+    assert (method, knobs) == ("pld", {"num_draft": 8})
+    assert lines == ["adapt     off: a seeded sampled reply keeps pld[num_draft=8] so that the seed repeats it "
+                     "(switching depends on measured time; -O adapt=on switches anyway)"]
+    assert auto_method(choice("pld", {"num_draft": 8}), {"adapt": "on"}, repeatable=True)[0] == "adaptive"
+    with pytest.raises(PardecUsageError, match="adapt"):
+        auto_method(choice("pld", {}), {"adapt": "sometimes"}, repeatable=True)
+
+
 def test_when_auto_expects_nothing_to_pay_plain_decoding_runs_first_and_the_best_other_may_prove_it_wrong():
     ranking = [SimpleNamespace(method="vanilla", knobs={}), SimpleNamespace(method="pld", knobs={"num_draft": 4})]
     assert auto_method(choice("vanilla", {}, ranking), {})[:2] == ("adaptive", {"arms": "vanilla | pld[num_draft=4]"})
