@@ -266,20 +266,28 @@ def floor_multiple(forward_ms: float, floor_ms: float) -> float:
 def weight_bytes(model: Any) -> int:
     """Bytes of weights one decoding forward of `model` (a torch module) reads.
 
-    Every parameter and buffer once (tied weights are one tensor), less the input
-    embedding when the output layer does not multiply through it (untied, or a
+    Every parameter and buffer's storage once (tied weights are one tensor; layers
+    sharing a packed weight hold views of it), less the scales such layers keep for eager
+    steps (`quant.share_products`), less the input embedding when the output layer does not multiply through it (untied, or a
     `quant.Int8Head`'s int8 copy): a lookup reads a few of its rows.
     The KV cache a forward also reads is left out (small at a few hundred tokens).
     """
     seen: set[int] = set()
     total = 0
     for tensor in [*model.parameters(), *model.buffers()]:
-        key = id(tensor) if tensor.is_mkldnn else tensor.data_ptr()  # an opaque prepacked copy has no data_ptr
-        if key not in seen:
-            seen.add(key)
+        if tensor.is_mkldnn:  # an opaque prepacked copy: no storage to look at
             total += tensor.numel() * tensor.element_size()
-    from pardec_cli.quant import Int8Head
+            continue
+        # By storage: layers sharing a packed weight (`quant.share_products`) hold views of it.
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    from pardec_cli.quant import Int4Linear, Int8Head
 
+    # A layer sharing its group's product reads the group's scales; its own copy serves eager steps.
+    total -= sum(m.scales_and_zeros.untyped_storage().nbytes() for m in model.modules()
+                 if isinstance(m, Int4Linear) and m.shared_columns is not None)  # fmt: skip
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     embedding = get_in() if get_in else None
     output = get_out() if get_out else None

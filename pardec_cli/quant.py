@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
 
 DEFAULT_GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block size, so imported codes pack as they are
 #: From this many rows (a long prompt's prefill) a quantized layer on CPU unpacks its
@@ -108,6 +109,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        #: This layer's output columns in a product shared with layers of the same input
+        #: (`share_products`); None when it multiplies alone.
+        self.shared_columns: tuple[int, int] | None = None
 
     @classmethod
     def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, *, group_size: int,
@@ -142,6 +146,12 @@ class Int4Linear(nn.Module):
     def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
         if self.packed.device.type == "cuda":
             return torch.ops.aten._weight_int4pack_mm(x2d, self.packed, self.group_size, self.scales_and_zeros)
+        if self.shared_columns is not None and torch.compiler.is_compiling():
+            # The group's whole product, sliced: every member of the group makes this same
+            # call, which the compiled step merges into one (`merge_shared_products`).
+            lo, hi = self.shared_columns
+            whole = torch.ops.aten._weight_int4pack_mm_for_cpu(x2d, self.shared_packed, self.group_size, self.shared_scales)
+            return whole[:, lo:hi]
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x2d, self.packed, self.group_size, self.scales_and_zeros)
 
     def unpacked(self) -> torch.Tensor | None:
@@ -450,6 +460,109 @@ def quantize_head(model: nn.Module) -> bool:
 #: costs 1.7x one row, 5 rows 2.7x, as many as 8 (1536 x 576 layer, bf16, 2 cores). The
 #: whole compiled step follows it: 11.4, 15.6, 20.7 and 21.8 ms for 1, 4, 5 and 8 rows.
 CPU_INT4_ROW_TILE = 4
+
+
+def share_products(model: nn.Module, probe: Callable[[], object]) -> int:
+    """Let the CPU int4 layers that multiply the same input (a decoder layer's q, k and v
+    projections; its gate and up ones) share one packed weight, so that a compiled step
+    makes one kernel call per group instead of one per layer: the int4 kernel costs about
+    13 us per call beyond its bytes on 2 cores, and SmolLM2's 210 calls per token become 120.
+
+    Which layers share an input is observed, not assumed: `probe()` runs one forward of
+    the model while hooks note every int4 layer's input tensors; layers whose inputs were
+    the very same tensors, with the same input width and groups, form a group. Each member
+    keeps its own output: eagerly it multiplies its own rows (the same bits as before),
+    compiled it slices the group's product (`Int4Linear._matmul`). Its codes become a view
+    into the group's; its scales stay its own too ([K/g, N, 2]: a member's columns of the
+    group's are strided, which the kernel cannot read, and copying them per eager call cost
+    4% of an eager step), a fifth more bytes for the grouped layers' codes. The kernel's
+    packing is in blocks of `cpu_pack_block()` output rows, so only layers with whole
+    blocks join. Returns how many groups were formed (0 when `probe` fails)."""
+    block = cpu_pack_block()
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear) and m.packed.device.type == "cpu"
+              and m.shared_columns is None and block is not None and m.out_features % block == 0]  # fmt: skip
+    seen: dict[Int4Linear, list[torch.Tensor]] = {m: [] for m in layers}
+    hooks = [m.register_forward_pre_hook(lambda m, args: seen[m].append(args[0])) for m in layers]
+    try:
+        with torch.no_grad():
+            probe()
+    except Exception:  # an architecture the probe cannot run: the layers stay as they are
+        return 0
+    finally:
+        for hook in hooks:
+            hook.remove()
+    groups: dict[tuple[int, ...], list[Int4Linear]] = {}
+    for m, inputs in seen.items():
+        if inputs:  # ids are safe to compare: `seen` holds every input until the end
+            key = (*map(id, inputs), m.in_features, m.group_size, id(m.scales_and_zeros.dtype))
+            groups.setdefault(key, []).append(m)
+    shared = 0
+    for members in groups.values():
+        if len(members) > 1:
+            _share(members)
+            shared += 1
+    return shared
+
+
+def _share(members: list[Int4Linear]) -> None:
+    packed = torch.cat([m.packed for m in members])  # [N_total, K/2], blocks of whole rows
+    scales = torch.cat([m.scales_and_zeros for m in members], dim=1)  # [K/g, N_total, 2]
+    lo = 0
+    for m in members:
+        hi = lo + m.out_features
+        m.packed = packed[lo:hi]
+        m.register_buffer("shared_packed", packed)
+        m.register_buffer("shared_scales", scales)
+        m.shared_columns = (lo, hi)
+        lo = hi
+
+
+#: What identifies `merge_shared_products`'s pass to inductor's caches and to saved steps.
+MERGE_SHARED_PRODUCTS = "pardec.quant.merge_shared_products.1"
+#: The ops it merges. A pre-pass sees the graph functional (inductor re-inplaces ops
+#: later), so equal calls of these pure ops on equal arguments are equal values.
+_MERGED = ("aten._weight_int4pack_mm_for_cpu.default", "aten.reshape.default", "aten.view.default",
+           "aten._unsafe_view.default")  # fmt: skip
+
+
+def merge_identical_products(graph: torch.fx.Graph) -> None:
+    """Make identical calls of the CPU int4 kernel, and the identical reshapes feeding
+    them, one node: the members of a `share_products` group each call the kernel on the
+    group's weight with the same input, and one call serves them all."""
+    seen: dict[tuple[object, ...], torch.fx.Node] = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or str(node.target) not in _MERGED:
+            continue
+        key = (node.target, _hashable(node.args), _hashable(node.kwargs))
+        first = seen.setdefault(key, node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+
+
+@functools.cache
+def merge_shared_products() -> object:
+    """`merge_identical_products` as an inductor ``post_grad_custom_pre_pass`` (with a
+    uuid, so compiled graphs stay cacheable). Built on first use: importing inductor's
+    pass class costs most of a second, which an eager run need not pay."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class MergeSharedProducts(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            merge_identical_products(graph)
+
+        def uuid(self) -> str:
+            return MERGE_SHARED_PRODUCTS
+
+    return MergeSharedProducts()
+
+
+def _hashable(value: object) -> object:
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
 
 
 def row_tile(model: nn.Module) -> int:

@@ -23,7 +23,8 @@ from torch import nn
 from pardec_cli import quant
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.quant import (
-    DENSE_FROM_ROWS, Int4Linear, Int8Head, Int8Linear, cpu_pack_block, quantize_head, quantize_linears, weights_label,
+    DENSE_FROM_ROWS, Int4Linear, Int8Head, Int8Linear, cpu_pack_block, merge_identical_products, quantize_head,
+    quantize_linears, share_products, weights_label,
 )
 from pardec_cli.weight_modes import resolve_weights
 from tests.cli_helpers import invoke
@@ -89,6 +90,77 @@ def test_a_long_int4_prefill_does_not_call_the_packed_kernel(monkeypatch) -> Non
     assert layer(torch.randn(DENSE_FROM_ROWS, 96)).shape == (DENSE_FROM_ROWS, 128)
     with pytest.raises(AssertionError, match="64 rows"):
         layer(torch.randn(64, 96))
+
+
+def shared_int4_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A tiny Llama whose projections are whole blocks of the CPU packing (k and v: 64
+    outputs), on int4 with q/k/v and gate/up sharing their packed weights."""
+    model = quantize_linears_on(peaked(tiny_llama(seed, layers=2, hidden=128)).to(dtype), "int4")
+    groups = share_products(model, lambda: model(torch.tensor([[3, 4]]), use_cache=False))
+    assert groups == 2 * 2  # per layer: q/k/v and gate/up; o and down multiply other inputs
+    return model
+
+
+def test_layers_of_one_input_share_a_packed_weight_and_each_keeps_its_own_output() -> None:
+    model = quantize_linears_on(peaked(tiny_llama(0, layers=2, hidden=128)), "int4")
+    ids = torch.tensor([random_prompt(0, 12)])
+    from pardec_cli.doctor import weight_bytes
+
+    read = weight_bytes(model)
+    with torch.no_grad():
+        before = model(ids).logits
+        assert share_products(model, lambda: model(ids[:, :2], use_cache=False)) == 4
+        after = model(ids).logits
+    assert torch.equal(before, after)  # eagerly each member multiplies its own rows, bit for bit
+    attention = model.model.layers[0].self_attn
+    members = [attention.q_proj, attention.k_proj, attention.v_proj]
+    assert [m.shared_columns for m in members] == [(0, 128), (128, 192), (192, 256)]
+    # The codes are views into the group's (not copied); each keeps its own scales for eager calls.
+    assert all(m.packed.untyped_storage().data_ptr() == members[0].shared_packed.data_ptr() for m in members)
+    assert all(m.shared_scales is members[0].shared_scales and m.scales_and_zeros.is_contiguous() for m in members)
+    assert model.model.layers[0].self_attn.o_proj.shared_columns is None
+    assert model.model.layers[0].mlp.down_proj.shared_columns is None
+    assert weight_bytes(model) == read  # what a step reads: the group's codes and scales, no copy twice
+
+
+def test_a_compiled_step_makes_one_int4_call_per_group_and_gives_the_eager_logits() -> None:
+    model = shared_int4_model()
+    calls: list[tuple[int, int]] = []
+
+    def counting(graph: torch.fx.Graph) -> None:
+        count = lambda: sum(n.target is torch.ops.aten._weight_int4pack_mm_for_cpu.default for n in graph.nodes)  # noqa: E731
+        before = count()
+        merge_identical_products(graph)
+        calls.append((before, count()))
+
+    ids = torch.tensor([random_prompt(1, 12)])
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_pre_pass": counting})
+    try:
+        with torch.no_grad():
+            eager, traced = model(ids).logits, compiled(ids).logits
+    finally:  # dynamo's state of this model's frames must not reach a later test's aot_compile
+        torch._dynamo.reset()
+    assert calls == [(2 * 7, 2 * 4)]  # 7 layers' calls per decoder layer became 4
+    assert torch.allclose(eager, traced, atol=1e-4)
+
+
+def test_a_model_the_probe_cannot_run_keeps_its_layers_apart() -> None:
+    model = quantize_linears_on(tiny_llama(0, layers=2, hidden=128), "int4")
+
+    def broken() -> None:
+        raise RuntimeError("this architecture wants other inputs")
+
+    assert share_products(model, broken) == 0
+    assert all(getattr(m, "shared_columns", None) is None for m in model.modules())
+    assert not any(name.endswith("shared_packed") for name, _ in model.named_buffers())
+
+
+def test_layers_that_are_not_whole_blocks_of_the_packing_stay_apart() -> None:
+    model = quantize_linears_on(tiny_llama(0, layers=2, hidden=32), "int4")  # k and v: 16 outputs; gate and up: 64
+    assert share_products(model, lambda: model(torch.tensor([[3, 4]]), use_cache=False)) == 2  # gate/up per layer
+    layer = model.model.layers[0]
+    assert layer.self_attn.q_proj.shared_columns is None and layer.mlp.up_proj.shared_columns == (64, 128)
 
 
 def test_int4_from_codes_follows_gguf_q4_1_arithmetic() -> None:

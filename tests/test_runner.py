@@ -452,13 +452,15 @@ def test_saved_steps_load_in_a_later_runner_for_another_checkpoint(compiled_runn
 
 
 def test_quantized_weights_and_the_int8_head_compile_and_decode_as_plain_decoding_does(tmp_path):
-    """What `--weights int4` loads on a CPU (packed int4 layers, the int8 head) compiles
-    without breaking, and every method still gives plain decoding's tokens."""
-    from pardec_cli.quant import quantize_head, quantize_linears
+    """What `--weights int4` loads on a CPU (packed int4 layers, q/k/v and gate/up sharing
+    one packed weight each, the int8 head) compiles without breaking, and every method
+    still gives plain decoding's tokens."""
+    from pardec_cli.quant import quantize_head, quantize_linears, share_products
 
-    model = peaked(tiny_llama(0))  # its own: the cached _model is shared by the module's other tests
+    model = peaked(tiny_llama(0, hidden=128))  # its own: the cached _model is shared by the module's other tests
     quantize_linears(model, "int4")
     assert quantize_head(model)
+    assert share_products(model, lambda: model(torch.tensor([[3, 4]]), use_cache=False)) == 2 * 4
     runner = CompiledLanguageModel(model, step_dir=tmp_path)
     reference = hf_greedy(model, random_prompt(0), 40)
     for method in ("vanilla", "pld", "suffix+recycling"):
@@ -471,6 +473,17 @@ def test_quantized_weights_and_the_int8_head_compile_and_decode_as_plain_decodin
     tokens, _ = run_on(later, "suffix", {}, random_prompt(0), max_new_tokens=40)
     assert tokens == reference
     assert later.graph_states()["verify"].origin == "loaded"
+
+
+def test_two_models_of_other_head_sizes_compile_in_one_process(tmp_path):
+    """A target and a drafter, or two served models: the second's steps compile too, though
+    dynamo saw another attention scale in the same step function before."""
+    for hidden in (32, 64):  # head sizes 8 and 16
+        model = peaked(tiny_llama(3, hidden=hidden, layers=2))
+        runner = CompiledLanguageModel(model, step_dir=tmp_path / str(hidden))
+        tokens, _ = run_on(runner, "pld", {"min_ngram": 1}, random_prompt(3), max_new_tokens=24)
+        assert tokens == hf_greedy(model, random_prompt(3), 24)
+        assert runner.graph_states()["decode"].failed is None, hidden
 
 
 def test_hidden_states_come_out_of_compiled_and_saved_steps(tmp_path):

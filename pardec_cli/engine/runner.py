@@ -54,6 +54,7 @@ from pardec_cli.engine.model import TREE_ATTENTION, LanguageModel
 from pardec_cli.engine.static_cache import StaticKVCache, capacity_for
 from pardec_cli.engine.tree import ancestor_matrix, depths
 from pardec_cli.errors import PardecUsageError, first_line
+from pardec_cli.quant import MERGE_SHARED_PRODUCTS, merge_shared_products
 
 #: Steps with more rows than this (prefills, huge trees) run eagerly.
 MAX_COMPILED_ROWS = 64
@@ -70,6 +71,7 @@ STEP_FORMAT = 4
 #: than 10 ops (inductor's CPU default, 50, kept the rotary-embedded query [9, 1, 64]
 #: inlined in the one-token step's q.k reduction, so its cos and sin were recomputed for
 #: every key: 33 us per layer instead of 10, 11% of that step; docs/runner.md).
+#: Compiling on a CPU also runs `quant.merge_shared_products` (`cpu_graph_pass`).
 PRECOMPILE_OPTIONS: dict[str, Any] = {
     "size_asserts": False, "alignment_asserts": False, "scalar_asserts": False, "realize_opcount_threshold": 10,
 }
@@ -83,7 +85,13 @@ def compile_options(device_type: str) -> dict[str, Any]:
     there), inductor with freezing on CPU (weights folded and prepacked as constants)."""
     if device_type == "cuda":
         return {"mode": "reduce-overhead", "fullgraph": True}
-    return {"options": {"freezing": True}, "fullgraph": True}
+    return {"options": {"freezing": True, **cpu_graph_pass()}, "fullgraph": True}
+
+
+def cpu_graph_pass() -> dict[str, Any]:
+    """The inductor option of the graph pass every CPU step compiles with: one int4 kernel
+    call per group of layers multiplying the same input (`quant.share_products`)."""
+    return {"post_grad_custom_pre_pass": merge_shared_products()}
 
 
 def precompiles(device_type: str) -> bool:
@@ -133,7 +141,7 @@ def step_fingerprint(model: Any) -> str:
     # A step saved with AVX512 kernels must not load where only AVX2 runs (a home shared
     # between machines, ATEN_CPU_CAPABILITY=avx2): inductor follows ATen's capability.
     isa = torch.backends.cpu.get_cpu_capability() if first.device.type == "cpu" else ""
-    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS, isa]
+    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS, MERGE_SHARED_PRODUCTS, isa]
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -327,8 +335,14 @@ class CompiledLanguageModel(LanguageModel):
         # one symbol with the capacity (the graph runs without its guards).
         from torch.fx.experimental import _config as shapes_config
 
-        with shapes_config.patch(use_duck_shape=False):
-            compiled = torch.compile(_forward, fullgraph=True, options={"guard_filter_fn": _input_guards, **PRECOMPILE_OPTIONS}).aot_compile((args, {}))
+        # No automatic dynamism: dynamo remembers what changed between compiles of
+        # `_forward` in this process, and another model's (a drafter's head size and so its
+        # attention scale) would make a float symbolic, which aot_compile cannot trace.
+        from torch._dynamo import config as dynamo_config
+
+        with shapes_config.patch(use_duck_shape=False), dynamo_config.patch(automatic_dynamic_shapes=False):
+            options = {"guard_filter_fn": _input_guards, **PRECOMPILE_OPTIONS, **cpu_graph_pass()}
+            compiled = torch.compile(_forward, fullgraph=True, options=options).aot_compile((args, {}))
         compiled.disable_guard_check()
         if path is not None:
             try:

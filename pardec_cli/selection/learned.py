@@ -311,8 +311,9 @@ def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, cloc
 
 
 #: Bumped when pardec's steps change what verifying n tokens costs (2: the compiled CPU
-#: steps' attention, `engine.attention`): curves measured before are measured again.
-CURVE_VERSION = 2
+#: steps' attention, `engine.attention`; 3: int4 layers of one input sharing a kernel
+#: call, `quant.share_products`): curves measured before are measured again.
+CURVE_VERSION = 3
 
 
 def _curve_key(fingerprint: str, hardware: str, step: str) -> str:

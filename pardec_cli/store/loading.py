@@ -186,7 +186,7 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pardec_cli.quant import quantize_head, quantize_linears
+    from pardec_cli.quant import quantize_head, quantize_linears, share_products
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
@@ -243,6 +243,8 @@ def load_model(
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
         quantize_head(model)
     model.eval()
+    if mode == "int4" and device == "cpu":  # q/k/v and gate/up: one int4 call each when compiled
+        share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     return model, tokenizer
 
 
