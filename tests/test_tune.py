@@ -16,7 +16,9 @@ from pardec_cli.selection.tuned import (
     Run, TunedCandidate, TunedProfile, TunedResults, all_results, find_results, fingerprint_directory, read_results,
     tuned_dir, unusable_results, write_results,
 )
+from pardec_cli.tuning.prompts import builtin_prompts
 from pardec_cli.tuning.space import candidate_pool, neighbours, normalize
+from pardec_cli.tuning.tuner import mixed
 from tests.cli_helpers import invoke
 
 THIS_CPU = describe("cpu", "float32", CpuInfo("cpu", 2, frozenset({"avx2"})))
@@ -341,3 +343,14 @@ def test_bad_tune_arguments_are_usage_errors(args: list[str], fragment: str) -> 
     result = invoke(["tune", *args])
     assert result.exit_code == 2, result.stderr
     assert fragment in result.stderr
+
+
+def test_the_prompts_a_quick_tune_decides_on_first_mix_the_sets_kinds() -> None:
+    """Successive halving drops candidates on its first prompts: the built-in code set is
+    written new functions first, then edits of given code; tune takes both from the start."""
+    code = builtin_prompts("code")
+    assert not any("```" in p.text for p in code[:8])  # the file: eight new functions first
+    first = mixed(code)[:4]
+    assert any("```" in p.text for p in first) and any("```" not in p.text for p in first)
+    assert [p.prompt_id for p in mixed(code)] == [p.prompt_id for p in mixed(builtin_prompts("code"))]  # resumable
+    assert sorted(p.prompt_id for p in mixed(code)) == sorted(p.prompt_id for p in code)

@@ -17,6 +17,7 @@ Generation goes through the session (the one decoding loop); nothing here decode
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,17 @@ def summarize(runs: Sequence[Run], candidates: dict[str, TuneCandidate], outcome
     return sorted(summaries, key=lambda c: (-c.round, -c.speedup))
 
 
+def mixed(prompts: list[TunePrompt]) -> list[TunePrompt]:
+    """`prompts` in a fixed shuffled order. Successive halving decides its first rounds on
+    the first few prompts, so those must be a fair sample of the set, and sets are written
+    grouped by kind (the built-in code set: new functions first, then edits of given code,
+    where longer drafts pay: a 3-minute tune dropped suffix[max_nodes=4] after its first four
+    prompts, all new functions, and kept a 2-token prompt lookup)."""
+    order = list(prompts)
+    random.Random(0).shuffle(order)
+    return order
+
+
 class Tuner:
     """Tunes the model of `session` for `request`, reporting through `on_event`."""
 
@@ -134,7 +146,7 @@ class Tuner:
                 where = f"{self.request.prompts_file} has no {name} prompts" if self.request.prompts_file else \
                     f"profile {name!r} has no built-in tuning prompts"
                 raise PardecUsageError(where, hint="pass --prompts FILE.jsonl with prompts of that kind")
-        return found
+        return {name: mixed(prompts) for name, prompts in found.items()}
 
     @property
     def prompts_source(self) -> str:
