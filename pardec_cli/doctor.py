@@ -268,8 +268,9 @@ def weight_bytes(model: Any) -> int:
 
     Every parameter and buffer's storage once (tied weights are one tensor; layers
     sharing a packed weight hold views of it), less the scales such layers keep for eager
-    steps (`quant.share_products`), less the input embedding when the output layer does not multiply through it (untied, or a
-    `quant.Int8Head`'s int8 copy): a lookup reads a few of its rows.
+    steps (`quant.share_products`), less the input embedding when the output layer does
+    not multiply through it (untied, or a `quant.Int8Head`'s int8 copy): a lookup reads a
+    few of its rows.
     The KV cache a forward also reads is left out (small at a few hundred tokens).
     """
     seen: set[int] = set()
