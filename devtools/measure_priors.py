@@ -21,7 +21,7 @@ CONFIGS = [
     ("vanilla", {}),
     ("pld", {"num_draft": 4}), ("pld", {"num_draft": 8}), ("pld", {}), ("pld", {"num_draft": 16}),
     ("pld", {"branches": 4}),
-    ("suffix", {"max_nodes": 8}), ("suffix", {"max_nodes": 16}), ("suffix", {}), ("suffix", {"max_nodes": 64}),
+    ("suffix", {"max_nodes": 4}), ("suffix", {"max_nodes": 8}), ("suffix", {"max_nodes": 16}), ("suffix", {}), ("suffix", {"max_nodes": 64}),
     ("recycling", {"nodes": 8, "depth": 4}), ("recycling", {"nodes": 16}), ("recycling", {}), ("recycling", {"nodes": 64, "depth": 8}),
     ("lookahead", {"window": 4, "ngram": 3, "guesses": 3}), ("lookahead", {}), ("lookahead", {"window": 10, "ngram": 5, "guesses": 10}),
     ("jacobi", {"window": 4}), ("jacobi", {}),
