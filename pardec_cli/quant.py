@@ -482,6 +482,8 @@ def share_products(model: nn.Module, probe: Callable[[], object]) -> int:
     block = cpu_pack_block()
     layers = [m for m in model.modules() if isinstance(m, Int4Linear) and m.packed.device.type == "cpu"
               and m.shared_columns is None and block is not None and m.out_features % block == 0]  # fmt: skip
+    if not layers:  # nothing could join (CUDA's packing, other widths): no probe forward
+        return 0
     seen: dict[Int4Linear, list[torch.Tensor]] = {m: [] for m in layers}
     hooks = [m.register_forward_pre_hook(lambda m, args: seen[m].append(args[0])) for m in layers]
     try:

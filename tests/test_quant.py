@@ -156,6 +156,15 @@ def test_a_model_the_probe_cannot_run_keeps_its_layers_apart() -> None:
     assert not any(name.endswith("shared_packed") for name, _ in model.named_buffers())
 
 
+def test_a_model_without_int4_layers_is_not_probed() -> None:
+    model = quantize_linears_on(tiny_llama(0, layers=2, hidden=128), "int8")
+
+    def probe() -> None:
+        raise AssertionError("a forward ran where no layer could share")
+
+    assert share_products(model, probe) == 0
+
+
 def test_layers_that_are_not_whole_blocks_of_the_packing_stay_apart() -> None:
     model = quantize_linears_on(tiny_llama(0, layers=2, hidden=32), "int4")  # k and v: 16 outputs; gate and up: 64
     assert share_products(model, lambda: model(torch.tensor([[3, 4]]), use_cache=False)) == 2  # gate/up per layer

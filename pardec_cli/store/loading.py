@@ -243,7 +243,7 @@ def load_model(
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
         quantize_head(model)
     model.eval()
-    if mode == "int4" and device == "cpu":  # q/k/v and gate/up: one int4 call each when compiled
+    if mode == "int4":  # on a CPU, q/k/v and gate/up: one int4 call each when compiled
         share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     return model, tokenizer
 
