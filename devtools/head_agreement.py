@@ -4,8 +4,12 @@ Generates a greedy continuation of `--prompts-per-category` prompts of each cate
 the bench files with the full (dense) model, then scores every position of those texts
 (teacher forcing: one forward per text) with each configuration against the full
 model's logits: the share of positions whose top token agrees, and the mean
-KL(full || configuration). Configurations: the int4 decoder with the dense output head,
-and the int4 decoder with `quant.Int8Head` (what `--weights int4` loads on a CPU).
+KL(full || configuration). Configurations: the int4 decoder on torch's kernel with the
+dense output head and with `quant.Int8Head` (what `--weights int4` loads on a CPU) and,
+where this CPU runs them (`pardec_cli.kernels`, built first if need be), the int4
+decoder on pardec's bfloat16 kernel and the q4q8 one (int8 activations, `--weights
+q4q8`). Texts are scored in chunks of 64 positions over a cache, so that every layer
+runs its decoding kernel (a forward of 256 rows or more takes the dense prefill path).
 
     python -m devtools.head_agreement [-m MODEL] [--dtype bfloat16] [--new-tokens 96]
 """
@@ -31,12 +35,19 @@ def main() -> None:
     import torch
     from torch import nn
 
-    from pardec_cli.quant import Int8Head
+    from pardec_cli.quant import Int4Records, Int8Head
     from pardec_cli.store.loading import load_model
     from pardec_cli.store.resolve import resolve_model
 
+    import os
+
+    from pardec_cli import kernels
+    from pardec_cli.hardware import cpu_info
+    from pardec_cli.home import kernels_dir
+
     path = resolve_model(args.model).path
     full, tokenizer = load_model(path, dtype=args.dtype, device="cpu", weights="full")
+    os.environ["PARDEC_KERNELS"] = "0"  # torch's int4 kernel
     int4, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int4")
     head = int4.get_output_embeddings()
     assert isinstance(head, Int8Head), "int4 weights on a CPU load with the int8 head"
@@ -60,14 +71,33 @@ def main() -> None:
             texts.append((ids.shape[1], out))
 
         def logits(model: nn.Module) -> list[torch.Tensor]:
-            return [model(out).logits[0, n - 1 : -1].float() for n, out in texts]
+            from transformers import DynamicCache
+
+            scored = []
+            for n, out in texts:
+                cache, parts = DynamicCache(), []
+                for start in range(0, out.shape[1], 64):
+                    parts.append(model(out[:, start:start + 64], past_key_values=cache, use_cache=True).logits[0].float())
+                scored.append(torch.cat(parts)[n - 1 : -1])
+            return scored
 
         reference = logits(full)
         total = sum(r.shape[0] for r in reference)
         print(f"{len(texts)} texts, {total} positions; {args.dtype}; against full weights")
-        for name, output_head in (("int4 decoder, dense head", dense), ("int4 decoder, Int8Head", head)):
-            int4.set_output_embeddings(output_head)
-            got = logits(int4)
+        configs = [("int4 decoder, dense head", int4, dense), ("int4 decoder, Int8Head", int4, head)]
+        flags = cpu_info().flags
+        if kernels.cpu_supported(flags, "bfloat16") and args.dtype == "bfloat16":
+            kernels.build(kernels.build_dir(kernels_dir()))
+            os.environ["PARDEC_KERNELS"] = "1"
+            own, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int4")
+            assert any(isinstance(m, Int4Records) for m in own.modules()), "int4 in bfloat16 loads on pardec's kernel"
+            configs.append(("int4 on pardec's kernel, Int8Head", own, own.get_output_embeddings()))
+        if kernels.cpu_supported(flags, "int8"):
+            q4q8, _ = load_model(path, dtype=args.dtype, device="cpu", weights="q4q8")
+            configs.append(("q4q8 decoder, Int8Head", q4q8, q4q8.get_output_embeddings()))
+        for name, model, output_head in configs:
+            model.set_output_embeddings(output_head)
+            got = logits(model)
             agree = sum(int((g.argmax(-1) == r.argmax(-1)).sum()) for g, r in zip(got, reference))
             kl = sum(float(nn.functional.kl_div(g.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="sum"))
                      for g, r in zip(got, reference)) / total  # fmt: skip

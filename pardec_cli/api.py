@@ -40,7 +40,7 @@ def load(model: str | None = None, *, dtype: str = "auto", device: str = "auto",
     once on first use), a catalog alias (``"qwen2.5-1.5b"``), a Hub id (``org/name``,
     downloaded into the Hugging Face cache unless `offline`), or a model directory.
     `dtype` ("auto", "float32", "bfloat16", "float16"), `device` ("auto", "cpu", "cuda",
-    "cuda:1", "mps"), `weights` ("auto", "full", "int8", "int4") and `compile` ("off",
+    "cuda:1", "mps"), `weights` ("auto", "full", "int8", "int4", "q4q8") and `compile` ("off",
     "on", "auto") mean what the CLI's flags of the same names mean. Raises a
     `pardec_cli.errors.PardecError` with a one-line message when the model cannot be
     found or loaded.

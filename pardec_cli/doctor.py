@@ -241,7 +241,21 @@ def compiled_runner_report() -> dict[str, Any]:
     saved = [{"file": step.name, "kind": step.name.rsplit("-", 1)[0], "bytes": step.stat().st_size} for step in steps]
     return {"cxx_compiler": compiler, "cache_dir": str(folder), "cache_bytes": size, "cache_files": files,
             "steps_dir": str(compiled_steps_dir()), "saved_steps": saved,
-            "break_even_tokens": dict(BREAK_EVEN_TOKENS), "break_even_saved_tokens": dict(BREAK_EVEN_SAVED_TOKENS)}
+            "break_even_tokens": dict(BREAK_EVEN_TOKENS), "break_even_saved_tokens": dict(BREAK_EVEN_SAVED_TOKENS),
+            "int4_kernels": int4_kernels_report()}
+
+
+def int4_kernels_report() -> dict[str, Any]:
+    """pardec's own int4 kernels (`pardec_cli.kernels`): which this CPU runs, whether they
+    are built in the store (or building, or failed and why), and whether they are on."""
+    from pardec_cli import kernels
+    from pardec_cli.hardware import cpu_info
+    from pardec_cli.home import kernels_dir
+
+    flags = cpu_info().flags
+    directory = kernels.build_dir(kernels_dir())
+    return {"dir": str(directory), "status": kernels.status(directory), "enabled": kernels.enabled(),
+            "bfloat16": kernels.cpu_supported(flags, "bfloat16"), "int8": kernels.cpu_supported(flags, "int8")}
 
 
 # -- the floor: how fast one forward could be, and how fast it is ------------------------

@@ -37,6 +37,11 @@ def compile_cache_dir() -> Path:
     return pardec_home() / "compiled"
 
 
+def kernels_dir() -> Path:
+    """Kernels pardec compiled for this machine (`pardec_cli.kernels`; safe to delete)."""
+    return pardec_home() / "kernels"
+
+
 def config_dir() -> Path:
     """The configuration directory: ``PARDEC_CONFIG_DIR`` or the XDG config directory."""
     explicit = os.environ.get("PARDEC_CONFIG_DIR")

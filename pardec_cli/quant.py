@@ -177,6 +177,148 @@ class Int4Linear(nn.Module):
                 f"int4 group_size={self.group_size}")  # fmt: skip
 
 
+#: `Int4Records`' weight records: 16 outputs by one group of 32 inputs each, 256 bytes of
+#: codes then 16 float16 scales and 16 float16 minimums (pardec_cli/data/int4_kernels.cpp).
+RECORD_BLOCK, RECORD_GROUP, RECORD_BYTES = 16, 32, 320
+#: Rows pardec's kernels compute per pass over a block's weights.
+RECORD_ROW_TILE = 8
+_ACTIVATIONS = ("bfloat16", "int8")
+
+
+class Int4Records(nn.Module):
+    """y = x @ W.T + bias with W as 4-bit codes, w = q * scale + minimum in groups of 32
+    inputs, multiplied by pardec's own CPU kernels (`pardec_cli.kernels`):
+
+    - ``activations="bfloat16"``: ``pardec_q4::q4bf16_mm`` (AVX512-BF16), the arithmetic
+      of `Int4Linear`'s kernel (bfloat16 activations, float32 sums), faster;
+    - ``activations="int8"``: ``pardec_q4::q4q8_mm`` (AVX512-VNNI), activations in int8
+      groups of 32, llama.cpp's Q4_1 x Q8_1 (``--weights q4q8``).
+
+    Either way a row's output does not depend on the other rows of the call. `blocks` is
+    uint8 [N/16, K/32, 320] (`pack_records`). A prefill of `DENSE_FROM_ROWS` rows or more
+    multiplies the dequantized weight instead, in the activations' dtype.
+    """
+
+    def __init__(self, blocks: torch.Tensor, *, in_features: int, out_features: int, bias: torch.Tensor | None,
+                 activations: str) -> None:  # fmt: skip
+        super().__init__()
+        if activations not in _ACTIVATIONS:
+            raise ValueError(f"unknown activations {activations!r}")
+        self.in_features, self.out_features, self.activations = in_features, out_features, activations
+        self.register_buffer("blocks", blocks)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        #: This layer's output columns in a product shared with layers of the same input
+        #: (`share_products`); None when it multiplies alone.
+        self.shared_columns: tuple[int, int] | None = None
+
+    @classmethod
+    def from_int4(cls, layer: Int4Linear, activations: str) -> Int4Records | None:
+        """The same codes from a CPU `Int4Linear`, with its scales and minimums in float16;
+        None where the kernels cannot take it (CUDA packing, groups other than 32, outputs
+        not whole blocks of 16, or of `cpu_pack_block` to unpack) or float16 cannot hold
+        its scales (beyond 65504, or small enough to lose precision as subnormals)."""
+        block = cpu_pack_block()
+        n, k = layer.out_features, layer.in_features
+        if (layer.packed.device.type != "cpu" or block is None or n % block or n % RECORD_BLOCK
+                or layer.group_size != RECORD_GROUP or layer.shared_columns is not None):  # fmt: skip
+            return None
+        blocks = layer.packed.view(n // block, k, block // 2)
+        q = torch.cat([blocks & 15, blocks >> 4], dim=2).transpose(1, 2).reshape(n, k)
+        sz = layer.scales_and_zeros.float().transpose(0, 1)  # [N, K/g, 2]
+        scale, minimum = sz[..., 0], sz[..., 1] - 8.0 * sz[..., 0]
+        if not (_fits_f16(scale) and _fits_f16(minimum)):
+            return None
+        bias = None if layer.bias is None else layer.bias.detach()
+        return cls(pack_records(q, scale, minimum), in_features=k, out_features=n, bias=bias, activations=activations)
+
+    def codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q [N, K] uint8, scale [N, K/32], minimum [N, K/32]) float32 (`unpack_records`)."""
+        return unpack_records(self.blocks, self.out_features, self.in_features)
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight W [out, in] float32 (w = q * scale + minimum)."""
+        q, scale, minimum = self.codes()
+        n, k = q.shape
+        w = q.float().view(n, k // RECORD_GROUP, RECORD_GROUP) * scale[..., None] + minimum[..., None]
+        return w.view(n, k)
+
+    def _product(self, x2d: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor:
+        if self.activations == "int8":
+            return torch.ops.pardec_q4.q4q8_mm(x2d, blocks, n)
+        return torch.ops.pardec_q4.q4bf16_mm(x2d, blocks, n)
+
+    def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if self.shared_columns is not None and torch.compiler.is_compiling():
+            # The group's whole product, sliced; the compiled step merges the members'
+            # identical calls into one (`merge_shared_products`).
+            lo, hi = self.shared_columns
+            return self._product(x2d, self.shared_blocks, self.shared_blocks.shape[0] * RECORD_BLOCK)[:, lo:hi]
+        return self._product(x2d, self.blocks, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        if x2d.shape[0] >= DENSE_FROM_ROWS:  # a long prompt's prefill: one dense GEMM
+            y = nn.functional.linear(x2d, self.dequantize().to(x.dtype))
+        else:
+            if self.activations == "bfloat16" and x2d.dtype != torch.bfloat16:
+                raise TypeError(f"this int4 layer multiplies bfloat16 activations, not {x2d.dtype}")
+            y = self._matmul(x2d).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int4 group_size=32, "
+                f"{self.activations} activations")  # fmt: skip
+
+
+def _fits_f16(t: torch.Tensor) -> bool:
+    magnitude = t.abs()
+    tiny = torch.finfo(torch.float16).tiny
+    return bool((magnitude < 65504).all() and ((magnitude == 0) | (magnitude >= tiny)).all())
+
+
+def pack_records(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """`Int4Records`' records uint8 [N/16, K/32, 320] from codes q [N, K] (0..15) and
+    scale, minimum [N, K/32]: byte 64p + 4i + b of a record's codes holds output i's code
+    8p + b in its low nibble and 8p + 4 + b in its high one (one VNNI dot product takes 4
+    consecutive codes of 16 outputs)."""
+    n, k = q.shape
+    g = k // RECORD_GROUP
+    c = q.to(torch.uint8).view(n // RECORD_BLOCK, RECORD_BLOCK, g, 4, 2, 4)  # [nb, i, g, p, half, b]
+    codes = (c[..., 0, :] | (c[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(n // RECORD_BLOCK, g, 256)
+
+    def f16(t: torch.Tensor) -> torch.Tensor:  # [N, G] -> bytes [nb, G, 32]
+        return t.to(torch.float16).view(n // RECORD_BLOCK, RECORD_BLOCK, g).transpose(1, 2).contiguous().view(torch.uint8)
+
+    return torch.cat([codes, f16(scale), f16(minimum)], dim=-1).contiguous()
+
+
+def unpack_records(blocks: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_records`: (q [N, K] uint8, scale [N, K/32], minimum [N, K/32] float32)."""
+    g = k // RECORD_GROUP
+    codes = blocks[..., :256].reshape(n // RECORD_BLOCK, g, 4, RECORD_BLOCK, 4)  # [nb, g, p, i, b]
+    q = torch.stack([codes & 15, codes >> 4], dim=3).permute(0, 4, 1, 2, 3, 5).reshape(n, k)
+
+    def f32(t: torch.Tensor) -> torch.Tensor:  # bytes [nb, G, 32] -> [N, G]
+        return t.contiguous().view(torch.float16).transpose(1, 2).reshape(n, g).float()
+
+    return q, f32(blocks[..., 256:288]), f32(blocks[..., 288:320])
+
+
+def use_records(model: nn.Module, activations: str) -> int:
+    """Swap the model's CPU `Int4Linear` layers for `Int4Records` multiplying `activations`
+    ("bfloat16" or "int8") where the kernels take them, in place (the caller has loaded
+    `pardec_cli.kernels`); returns how many."""
+    swapped = 0
+    for name, layer in list(model.named_modules()):
+        if isinstance(layer, Int4Linear) and (new := Int4Records.from_int4(layer, activations)) is not None:
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+            swapped += 1
+    return swapped
+
+
 @functools.cache
 def cpu_pack_block() -> int | None:
     """The output-channel block B of torch's CPU int4 packing: bytes laid out [N/B, K, B/2],
@@ -477,14 +619,13 @@ def share_products(model: nn.Module, probe: Callable[[], object]) -> int:
     member's columns of the group's are strided, which the kernel cannot read, and copying
     them per eager call cost 4% of an eager step): a quarter of the grouped layers' code
     bytes more (about 9 MB on SmolLM2-135M). The kernel's packing is in blocks of
-    `cpu_pack_block()` output rows, so only layers with whole blocks join. Returns how
-    many groups were formed (0 when `probe` fails)."""
-    block = cpu_pack_block()
-    layers = [m for m in model.modules() if isinstance(m, Int4Linear) and m.packed.device.type == "cpu"
-              and m.shared_columns is None and block is not None and m.out_features % block == 0]  # fmt: skip
+    `cpu_pack_block()` output rows, so only layers with whole blocks join.
+    `Int4Records` layers share the same way, without the second copy of scales (a record
+    holds its block's). Returns how many groups were formed (0 when `probe` fails)."""
+    layers = [m for m in model.modules() if _share_key(m) is not None]
     if not layers:  # nothing could join (CUDA's packing, other widths): no probe forward
         return 0
-    seen: dict[Int4Linear, list[torch.Tensor]] = {m: [] for m in layers}
+    seen: dict[nn.Module, list[torch.Tensor]] = {m: [] for m in layers}
     hooks = [m.register_forward_pre_hook(lambda m, args: seen[m].append(args[0])) for m in layers]
     try:
         with torch.no_grad():
@@ -494,20 +635,45 @@ def share_products(model: nn.Module, probe: Callable[[], object]) -> int:
     finally:
         for hook in hooks:
             hook.remove()
-    groups: dict[tuple[object, ...], list[Int4Linear]] = {}
+    groups: dict[tuple[object, ...], list[nn.Module]] = {}
     for m, inputs in seen.items():
         if inputs:  # ids are safe to compare: `seen` holds every input until the end
-            key = (*map(id, inputs), m.in_features, m.group_size, m.scales_and_zeros.dtype)
-            groups.setdefault(key, []).append(m)
+            groups.setdefault((*map(id, inputs), _share_key(m)), []).append(m)
     shared = 0
     for members in groups.values():
         if len(members) > 1:
-            _share(members)
+            if isinstance(members[0], Int4Records):
+                _share_records(members)
+            else:
+                _share(members)
             shared += 1
     return shared
 
 
-def _share(members: list[Int4Linear]) -> None:
+def _share_key(m: nn.Module) -> tuple[object, ...] | None:
+    """What layers of one input must also have in common to share a product; None for a
+    layer that cannot join (CPU int4 layers only, in whole blocks of their packing)."""
+    if isinstance(m, Int4Records) and m.shared_columns is None:
+        return (Int4Records, m.in_features, m.activations)
+    if isinstance(m, Int4Linear) and m.packed.device.type == "cpu" and m.shared_columns is None:
+        block = cpu_pack_block()
+        if block is not None and m.out_features % block == 0:
+            return (Int4Linear, m.in_features, m.group_size, m.scales_and_zeros.dtype)
+    return None
+
+
+def _share_records(members: list[nn.Module]) -> None:
+    blocks = torch.cat([m.blocks for m in members])  # [N_total/16, K/32, 320]: records hold their scales
+    lo = 0
+    for m in members:
+        hi = lo + m.out_features
+        m.blocks = blocks[lo // RECORD_BLOCK:hi // RECORD_BLOCK]
+        m.register_buffer("shared_blocks", blocks)
+        m.shared_columns = (lo, hi)
+        lo = hi
+
+
+def _share(members: list[nn.Module]) -> None:
     packed = torch.cat([m.packed for m in members])  # [N_total, K/2], blocks of whole rows
     scales = torch.cat([m.scales_and_zeros for m in members], dim=1)  # [K/g, N_total, 2]
     lo = 0
@@ -524,8 +690,8 @@ def _share(members: list[Int4Linear]) -> None:
 MERGE_SHARED_PRODUCTS = "pardec.quant.merge_shared_products.1"
 #: The ops it merges. A pre-pass sees the graph functional (inductor re-inplaces ops
 #: later), so equal calls of these pure ops on equal arguments are equal values.
-_MERGED = ("aten._weight_int4pack_mm_for_cpu.default", "aten.reshape.default", "aten.view.default",
-           "aten._unsafe_view.default")  # fmt: skip
+_MERGED = ("aten._weight_int4pack_mm_for_cpu.default", "pardec_q4.q4bf16_mm.default", "pardec_q4.q4q8_mm.default",
+           "aten.reshape.default", "aten.view.default", "aten._unsafe_view.default")  # fmt: skip
 
 
 def merge_identical_products(graph: torch.fx.Graph) -> None:
@@ -570,19 +736,30 @@ def _hashable(value: object) -> object:
 
 def row_tile(model: nn.Module) -> int:
     """Rows the model's matmuls compute together: a step of n * tile + 1 rows pays for a
-    whole extra tile (`CPU_INT4_ROW_TILE` with int4 layers on a CPU; 1 otherwise)."""
+    whole extra tile (`CPU_INT4_ROW_TILE` with torch's int4 kernel on a CPU,
+    `RECORD_ROW_TILE` with pardec's; 1 otherwise)."""
     first = next(model.parameters(), None)
-    if first is not None and first.device.type == "cpu" and any(isinstance(m, Int4Linear) for m in model.modules()):
+    if first is None or first.device.type != "cpu":
+        return 1
+    if any(isinstance(m, Int4Linear) for m in model.modules()):
         return CPU_INT4_ROW_TILE
-    return 1
+    return RECORD_ROW_TILE if any(isinstance(m, Int4Records) for m in model.modules()) else 1
 
 
 def weights_label(model: nn.Module) -> str:
-    """What the model's decoder layers hold: "int8", "int4", or "full" (dense)."""
-    kinds = {type(m) for m in model.modules()}
-    if Int4Linear in kinds:
+    """What the model's decoder layers hold: "int8", "int4" (whichever kernel), "q4q8"
+    (int4 by int8 activations, where any layer is), or "full" (dense)."""
+    modules = list(model.modules())
+    if any(isinstance(m, Int4Records) and m.activations == "int8" for m in modules):
+        return "q4q8"
+    if any(isinstance(m, (Int4Linear, Int4Records)) for m in modules):
         return "int4"
-    if Int8Linear in kinds:
+    if any(isinstance(m, Int8Linear) for m in modules):
         return "int8"
     return "full"
 
+
+def kernel_suffix(model: nn.Module) -> str:
+    """"+pardec" where int4 layers run pardec's bfloat16 kernel, else "": a step's cost
+    depends on the kernel, so what auto learns about steps keeps them apart."""
+    return "+pardec" if any(isinstance(m, Int4Records) and m.activations == "bfloat16" for m in model.modules()) else ""

@@ -220,7 +220,7 @@ class Session:
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
-        model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights)
+        model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights, notice=notice)
         # auto: compile for long-lived sessions and long work; for shorter work only when an
         # earlier run saved the steps, and then without compiling any that are missing.
         saved = all(step_file(compiled_steps_dir(), model, kind).is_file() for kind in GRAPH_KINDS)
@@ -254,10 +254,12 @@ class Session:
     @property
     def step_kind(self) -> str:
         """What one decoding step is here, for what its cost depends on (learning from use
-        keeps the kinds apart): "bfloat16/int4/compiled"."""
+        keeps the kinds apart): "bfloat16/int4/compiled", "bfloat16/int4+pardec/compiled"
+        (pardec's own int4 kernel)."""
+        from pardec_cli.quant import kernel_suffix
         from pardec_cli.selection.learned import step_kind
 
-        return step_kind(self.dtype, self.weights, self.compiled)
+        return step_kind(self.dtype, self.weights + kernel_suffix(self.target.model), self.compiled)
 
     def heads_key(self) -> str:
         """The folder name of this model's trained heads in pardec's store."""

@@ -3,7 +3,7 @@ without loading torch; `quant` holds the layers themselves)."""
 
 from __future__ import annotations
 
-WEIGHT_MODES = ("auto", "full", "int8", "int4")
+WEIGHT_MODES = ("auto", "full", "int8", "int4", "q4q8")
 
 # What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
 # for GGUF 4-bit blocks kept, None for dense); anything else is "full". In bfloat16, int4
@@ -14,11 +14,12 @@ AUTO_CPU: dict[tuple[str, str | None], str] = {("bfloat16", "q4"): "int4"}
 
 
 def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None) -> str:
-    """`--weights` -> "full", "int8" or "int4" for this device, dtype and stored form.
+    """`--weights` -> "full", "int8", "int4" or "q4q8" for this device, dtype and stored form.
 
     "auto" takes `AUTO_CPU` on a CPU and "full" elsewhere (the CUDA kernels are written
-    but not measured here). `stored` is "q4" for a model kept as GGUF 4-bit blocks
-    (`store.quantized`), None for dense weights.
+    but not measured here); it never takes "q4q8" (int4 weights by int8 activations:
+    faster steps, further from the full model; docs/weights.md). `stored` is "q4" for a
+    model kept as GGUF 4-bit blocks (`store.quantized`), None for dense weights.
     """
     from pardec_cli.errors import PardecUsageError
 

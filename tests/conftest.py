@@ -41,6 +41,9 @@ os.environ["PARDEC_HOME"] = str(_RUN_HOME / "pardec-home")
 os.environ["PARDEC_CONFIG_DIR"] = str(_RUN_HOME / "pardec-config")
 os.environ["HF_HOME"] = str(_RUN_HOME / "hf-home")
 os.environ["PARDEC_LEARN"] = "0"
+# torch's int4 kernel only: no detached builds of pardec's own (`pardec_cli.kernels`) from
+# the many loads of a test run; test_int4_kernels.py builds and tests them.
+os.environ["PARDEC_KERNELS"] = "0"
 
 
 @pytest.fixture(autouse=True)

@@ -140,11 +140,27 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
     return [
         "", "compiled runner (--compile)",
         f"  compiler      {compiled['cxx_compiler'] or 'no C++ compiler found: CPU steps run eagerly (install g++)'}",
+        f"  int4 kernels  {_kernels_line(compiled['int4_kernels'])}",
         f"  cache         {compiled['cache_dir']} ({cache})",
         f"  saved steps   {saved}",
         f"  auto          compiles for bench, tune and serve, and for gen/chat work of {breakeven['cpu']}+ tokens on CPU"
         f" ({saved_even['cpu']}+ once the model's steps are saved){others}",
     ]
+
+
+def _kernels_line(k: dict[str, Any]) -> str:
+    """pardec's own int4 kernels: what they do here, in one line."""
+    uses = " and ".join(what for name, what in (("bfloat16", "int4 in bfloat16"), ("int8", "--weights q4q8")) if k[name])
+    if not uses:
+        return "torch's (this CPU lacks AVX512-BF16 and AVX512-VNNI for pardec's)"
+    if not k["enabled"]:
+        return f"torch's (PARDEC_KERNELS=0); pardec's would run {uses}"
+    status = k["status"]
+    if status == "built":
+        return f"pardec's, built in {k['dir']}: {uses}"
+    if status == "not built":
+        return f"pardec's for {uses}: not built yet (the first int4 load builds them in the background)"
+    return f"pardec's for {uses}: {status} ({k['dir']})"
 
 
 def _vllm_lines(vllm: dict[str, Any]) -> list[str]:

@@ -54,7 +54,8 @@ from pardec_cli.engine.model import TREE_ATTENTION, LanguageModel
 from pardec_cli.engine.static_cache import StaticKVCache, capacity_for
 from pardec_cli.engine.tree import ancestor_matrix, depths
 from pardec_cli.errors import PardecUsageError, first_line
-from pardec_cli.quant import MERGE_SHARED_PRODUCTS, merge_shared_products
+from pardec_cli import kernels
+from pardec_cli.quant import MERGE_SHARED_PRODUCTS, Int4Records, merge_shared_products
 
 #: Steps with more rows than this (prefills, huge trees) run eagerly.
 MAX_COMPILED_ROWS = 64
@@ -142,6 +143,9 @@ def step_fingerprint(model: Any) -> str:
     # between machines, ATEN_CPU_CAPABILITY=avx2): inductor follows ATen's capability.
     isa = torch.backends.cpu.get_cpu_capability() if first.device.type == "cpu" else ""
     facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS, MERGE_SHARED_PRODUCTS, isa]
+    records = sorted({m.activations for m in model.modules() if isinstance(m, Int4Records)})
+    if records:  # the graph calls pardec's own kernels
+        facts += [kernels.source_digest(), records]
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import struct
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,7 +168,7 @@ def _load_config(path: Path, model_type: str) -> Any:
 
 
 def load_model(
-    path: Path, *, dtype: str, device: str, weights: str = "full"
+    path: Path, *, dtype: str, device: str, weights: str = "full", notice: Callable[[str], None] | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from a model directory, ready for inference.
 
@@ -176,7 +176,10 @@ def load_model(
     `device` a resolved device ("cpu", "cuda", "cuda:1", "mps"). `weights` says how the
     decoder's linear layers hold their weights: "full" (dense in `dtype`), "int8",
     "int4" (`pardec_cli.quant`; on a CPU the output head's logits then go through
-    `quant.Int8Head`), or "auto" (`pardec_cli.weight_modes.resolve_weights`). A
+    `quant.Int8Head`; in bfloat16 on a CPU with AVX512-BF16, multiplied by pardec's own
+    kernel once it is built, `_own_kernels`), "q4q8" (int4 by int8 activations,
+    `quant.Int4Records`; `notice` hears when its kernel is built first) or "auto"
+    (`pardec_cli.weight_modes.resolve_weights`). A
     directory stored with a GGUF file's blocks kept (`store.quantized`) loads from
     them: exactly dequantized for "full", its 4-bit codes packed directly for "int4".
     The model uses SDPA
@@ -196,6 +199,9 @@ def load_model(
     dtype = canonical_dtype(dtype)
     stored_blocks = is_quantized_dir(path)
     mode = resolve_weights(weights, dtype=dtype, device=device, stored="q4" if stored_blocks else None)
+    q4q8 = mode == "q4q8"
+    if q4q8:  # int4 codes first, then the kernel's records (`_own_kernels`)
+        mode = "int4"
     with quiet_transformers():
         config = _load_config(path, model_type)
         try:
@@ -243,9 +249,50 @@ def load_model(
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
         quantize_head(model)
     model.eval()
+    if mode == "int4" and (q4q8 or (device == "cpu" and dtype == "bfloat16")):
+        _own_kernels(model, device=device, q4q8=q4q8, notice=notice)
     if mode == "int4":  # on a CPU, q/k/v and gate/up: one int4 call each when compiled
         share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     return model, tokenizer
+
+
+def _own_kernels(model: Any, *, device: str, q4q8: bool, notice: Callable[[str], None] | None) -> None:
+    """Move int4 layers to pardec's own kernels (`pardec_cli.kernels`, `quant.Int4Records`).
+
+    bfloat16 activations (plain int4 in bfloat16): where this CPU runs the kernel and it is
+    built in the store; a first load starts its build in the background and keeps torch's
+    kernel meanwhile. int8 activations (``--weights q4q8``, asked for): the kernel is built
+    now if need be, and a device or CPU without it is an error.
+    """
+    from pardec_cli import kernels
+    from pardec_cli.errors import PardecUsageError
+    from pardec_cli.hardware import cpu_info
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.quant import use_records
+
+    activations = "int8" if q4q8 else "bfloat16"
+    if q4q8 and device != "cpu":
+        raise PardecUsageError(f"--weights q4q8 runs on a CPU, not on {device}", hint="use --weights int4 or full")
+    if not kernels.cpu_supported(cpu_info().flags, activations):
+        if q4q8:
+            raise PardecUsageError("--weights q4q8 needs a CPU with AVX512-VNNI (and torch at AVX512)",
+                                   hint="use --weights int4")  # fmt: skip
+        return
+    if not q4q8 and not kernels.enabled():
+        return
+    directory = kernels.build_dir(kernels_dir())
+    if not kernels.load(directory):
+        if not q4q8:
+            kernels.build_in_background(directory)
+            return
+        if notice is not None:
+            notice("building pardec's int4 kernels for this CPU (once, about 20 s)")
+        try:
+            kernels.build(directory)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot build pardec's int4 kernels: {first_line(exc)}",
+                                 hint=f"see {directory}; or use --weights int4") from None  # fmt: skip
+    use_records(model, activations)
 
 
 def _check_still_there(path: Path) -> None:

@@ -1,0 +1,259 @@
+// pardec's products of 4-bit weights (GGUF Q4_1's arithmetic) for CPUs with AVX512:
+//   pardec_q4::q4bf16_mm  bfloat16 activations (AVX512-BF16 dot products), the int4
+//                         layers' kernel: what torch's int4 kernel computes, faster;
+//   pardec_q4::q4q8_mm    int8 activations (AVX512-VNNI), as llama.cpp multiplies Q4_1
+//                         by Q8_1: faster still for a few rows, further from the full model.
+// Built at run time by torch.utils.cpp_extension (pardec_cli/kernels.py).
+//
+// Weights: uint8 [N/16, K/32, 320], one 320-byte record per block of 16 outputs and
+// group of 32 inputs: 256 bytes of codes, then 16 f16 scales d, then 16 f16 minimums m,
+// with w[n, k] = q[n, k] * d[n, g] + m[n, g]. Code bytes come in 4 chunks of 64: byte
+// 4 * i + b of chunk p holds q[i, 8p + b] in its low nibble and q[i, 8p + 4 + b] in its
+// high one, so that one VPDPBUSD multiplies 16 outputs' 4 consecutive codes by 4
+// activation codes broadcast to every lane.
+// q4q8: each row's groups of 32 activations quantized to int8 with d_x = max|x| / 127,
+// and the group's float sum s_x kept for the minimums:
+//   y[r, n] = sum_g d[n, g] d_x[r, g] sum_k q[n, k] q_x[r, k] + m[n, g] s_x[r, g].
+// q4bf16: codes become the bfloat16 numbers 128 + q (a byte 0x43 above each code), one
+// VDPBF16PS multiplies 8 outputs' 4 codes by 4 activations, and the 128 comes off with
+// the minimums, in float32:
+//   y[r, n] = sum_g d[n, g] sum_k (128 + q[n, k]) x[r, k] + (m[n, g] - 128 d[n, g]) s_x[r, g].
+// Every row is computed by the same instructions whatever the number of rows, so a row's
+// result does not depend on the rows around it.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <type_traits>
+
+namespace {
+
+constexpr int64_t kGroup = 32, kBlock = 16, kRecord = 320, kMaxRows = 8, kPrefetch = 16 * kRecord;
+
+// 16 floats to bfloat16, rounded to nearest even (as torch rounds); no AVX512-BF16 needed.
+inline __m256i to_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+inline __m512 from_bf16(const c10::BFloat16* x) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int R, typename Out>
+__attribute__((target("avx512vnni"))) void block_rows(const int8_t* qx, const float* dx, const float* sx, int64_t K, int64_t G, const uint8_t* w,
+                Out* out, int64_t ldo) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* rec = w + g * kRecord;
+    // 16 records ahead: with a few cores the hardware prefetcher alone reached ~38 GB/s
+    // on a 44 MB product, this ~45 (2-core AMD EPYC).
+    for (int64_t line = 0; line < kRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
+    __m512i dot[R];
+    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m512i v = _mm512_loadu_si512(rec + 64 * p);
+      const __m512i lo = _mm512_and_si512(v, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = qx + r * K + g * kGroup + 8 * p;
+        int32_t xa, xb;
+        __builtin_memcpy(&xa, x, 4);
+        __builtin_memcpy(&xb, x + 4, 4);
+        dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(xa));
+        dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(xb));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 256)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 288)));
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + g])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[r * G + g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if constexpr (std::is_same_v<Out, float>) {
+      _mm512_storeu_ps(out + r * ldo, acc[r]);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), to_bf16(acc[r]));
+    }
+  }
+}
+
+template <typename Out>
+using BlockRows = void (*)(const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, Out*, int64_t);
+template <typename Out>
+constexpr BlockRows<Out> kBlockRows[kMaxRows + 1] = {nullptr, block_rows<1, Out>, block_rows<2, Out>, block_rows<3, Out>,
+                                                     block_rows<4, Out>, block_rows<5, Out>, block_rows<6, Out>,
+                                                     block_rows<7, Out>, block_rows<8, Out>};
+
+// One group of 32 activations to int8: codes, scale d_x and the float sum s_x.
+inline void quantize_group(__m512 a, __m512 b, int8_t* q, float* d_out, float* s_out) {
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float d = amax / 127.0f;
+  const __m512 inv = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(_mm512_cvt_roundps_epi32(_mm512_mul_ps(a, inv), kRound)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(_mm512_cvt_roundps_epi32(_mm512_mul_ps(b, inv), kRound)));
+  *d_out = d;
+  *s_out = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+}
+
+template <typename In>
+void multiply(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, int64_t n) {
+  const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, NB = n / kBlock;
+  at::Tensor qx = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({2, M, G}, x.options().dtype(at::kFloat));
+  const In* xp = x.data_ptr<In>();
+  int8_t* qp = qx.data_ptr<int8_t>();
+  float* dp = scales.data_ptr<float>();
+  float* sp = dp + M * G;
+  for (int64_t i = 0; i < M * G; ++i) {
+    const In* xi = xp + i * kGroup;
+    if constexpr (std::is_same_v<In, float>) {
+      quantize_group(_mm512_loadu_ps(xi), _mm512_loadu_ps(xi + 16), qp + i * kGroup, dp + i, sp + i);
+    } else {
+      quantize_group(from_bf16(xi), from_bf16(xi + 16), qp + i * kGroup, dp + i, sp + i);
+    }
+  }
+  In* op = out.data_ptr<In>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      for (int64_t r0 = 0; r0 < M; r0 += kMaxRows) {
+        const int64_t rows = std::min(kMaxRows, M - r0);
+        kBlockRows<In>[rows](qp + r0 * K, dp + r0 * G, sp + r0 * G, K, G, wp + nb * G * kRecord, op + r0 * n + nb * kBlock, n);
+      }
+    }
+  });
+}
+
+// x [M, K] -> [M, n]: bfloat16 in and out for bfloat16 x, float32 out for any other.
+at::Tensor q4q8_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "q4q8_mm: x must be a 2-D CPU tensor");
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == kRecord && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "q4q8_mm: w must be contiguous uint8 [N/16, K/32, 320]");
+  const int64_t M = x_in.size(0), K = x_in.size(1);
+  TORCH_CHECK(K % kGroup == 0 && n % kBlock == 0 && w.size(0) == n / kBlock && w.size(1) == K / kGroup,
+              "q4q8_mm: shapes do not match: x ", x_in.sizes(), ", w ", w.sizes(), ", n ", n);
+  const bool bf16 = x_in.scalar_type() == at::kBFloat16;
+  const at::Tensor x = bf16 ? x_in.contiguous() : x_in.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({M, n}, x.options());
+  if (M == 0) return out;
+  if (bf16) {
+    multiply<c10::BFloat16>(x, w, out, n);
+  } else {
+    multiply<float>(x, w, out, n);
+  }
+  return out;
+}
+
+
+// ---- bfloat16 activations (AVX512-BF16): the same records, codes as bfloat16 128 + q.
+// 4 accumulators per row: 8 rows spill a few registers, and still beat two passes over
+// the block (measured: 7 rows 4.7 against 5.2 ms for a step's 120 products).
+template <int R>
+__attribute__((target("avx512bf16"))) void block_rows_bf16(const c10::BFloat16* x, const float* sx, int64_t K, int64_t G,
+                                                           const uint8_t* w, c10::BFloat16* out, int64_t ldo) {
+  __m512 tot_lo[R], tot_hi[R];
+  for (int r = 0; r < R; ++r) tot_lo[r] = tot_hi[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i bias = _mm512_set1_epi8(0x43);  // high byte of bfloat16 128.0: word 0x43qq = 128 + q
+  // lane 4L + t of an unpacklo (unpackhi) product belongs to output 4L + t/2 (4L + 2 + t/2)
+  const __m512i dup_lo = _mm512_setr_epi32(0, 0, 1, 1, 4, 4, 5, 5, 8, 8, 9, 9, 12, 12, 13, 13);
+  const __m512i dup_hi = _mm512_setr_epi32(2, 2, 3, 3, 6, 6, 7, 7, 10, 10, 11, 11, 14, 14, 15, 15);
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* rec = w + g * kRecord;
+    for (int64_t line = 0; line < kRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
+    __m512 dot_lo[R], dot_hi[R];
+    for (int r = 0; r < R; ++r) dot_lo[r] = dot_hi[r] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m512i v = _mm512_loadu_si512(rec + 64 * p);
+      const __m512i lo = _mm512_and_si512(v, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      const __m512bh lo_lo = (__m512bh)_mm512_unpacklo_epi8(lo, bias), lo_hi = (__m512bh)_mm512_unpackhi_epi8(lo, bias);
+      const __m512bh hi_lo = (__m512bh)_mm512_unpacklo_epi8(hi, bias), hi_hi = (__m512bh)_mm512_unpackhi_epi8(hi, bias);
+      for (int r = 0; r < R; ++r) {
+        const c10::BFloat16* xr = x + r * K + g * kGroup + 8 * p;
+        int64_t xa, xb;
+        __builtin_memcpy(&xa, xr, 8);
+        __builtin_memcpy(&xb, xr + 4, 8);
+        const __m512bh a = (__m512bh)_mm512_set1_epi64(xa), b = (__m512bh)_mm512_set1_epi64(xb);
+        dot_lo[r] = _mm512_dpbf16_ps(dot_lo[r], lo_lo, a);
+        dot_hi[r] = _mm512_dpbf16_ps(dot_hi[r], lo_hi, a);
+        dot_lo[r] = _mm512_dpbf16_ps(dot_lo[r], hi_lo, b);
+        dot_hi[r] = _mm512_dpbf16_ps(dot_hi[r], hi_hi, b);
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 256)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 288)));
+    const __m512 shifted = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);  // m - 128 d: the codes carry + 128
+    const __m512 d_lo = _mm512_permutexvar_ps(dup_lo, d), d_hi = _mm512_permutexvar_ps(dup_hi, d);
+    const __m512 m_lo = _mm512_maskz_permutexvar_ps(0x5555, dup_lo, shifted), m_hi = _mm512_maskz_permutexvar_ps(0x5555, dup_hi, shifted);
+    for (int r = 0; r < R; ++r) {
+      const __m512 s = _mm512_set1_ps(sx[r * G + g]);
+      tot_lo[r] = _mm512_fmadd_ps(m_lo, s, _mm512_fmadd_ps(dot_lo[r], d_lo, tot_lo[r]));
+      tot_hi[r] = _mm512_fmadd_ps(m_hi, s, _mm512_fmadd_ps(dot_hi[r], d_hi, tot_hi[r]));
+    }
+  }
+  // output 4L + u: lanes 4L + 2u, 4L + 2u + 1 of tot_lo (u < 2), of tot_hi at 4L + 2(u - 2), ... (u >= 2)
+  const __m512i even = _mm512_setr_epi32(0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int r = 0; r < R; ++r) {
+    const __m512 y = _mm512_add_ps(_mm512_permutex2var_ps(tot_lo[r], even, tot_hi[r]), _mm512_permutex2var_ps(tot_lo[r], odd, tot_hi[r]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), to_bf16(y));
+  }
+}
+
+using BlockRowsBf16 = void (*)(const c10::BFloat16*, const float*, int64_t, int64_t, const uint8_t*, c10::BFloat16*, int64_t);
+constexpr int64_t kMaxRowsBf16 = 8;
+constexpr BlockRowsBf16 kBlockRowsBf16[kMaxRowsBf16 + 1] = {nullptr, block_rows_bf16<1>, block_rows_bf16<2>, block_rows_bf16<3>,
+                                                           block_rows_bf16<4>, block_rows_bf16<5>, block_rows_bf16<6>,
+                                                           block_rows_bf16<7>, block_rows_bf16<8>};
+
+at::Tensor q4bf16_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu() && x_in.scalar_type() == at::kBFloat16, "q4bf16_mm: x must be 2-D bfloat16 on a CPU");
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == kRecord && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "q4bf16_mm: w must be contiguous uint8 [N/16, K/32, 320]");
+  const int64_t M = x_in.size(0), K = x_in.size(1), G = K / kGroup, NB = n / kBlock;
+  TORCH_CHECK(K % kGroup == 0 && n % kBlock == 0 && w.size(0) == NB && w.size(1) == G,
+              "q4bf16_mm: shapes do not match: x ", x_in.sizes(), ", w ", w.sizes(), ", n ", n);
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty({M, n}, x.options());
+  if (M == 0) return out;
+  at::Tensor sums = at::empty({M, G}, x.options().dtype(at::kFloat));
+  const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
+  float* sp = sums.data_ptr<float>();
+  for (int64_t i = 0; i < M * G; ++i) sp[i] = _mm512_reduce_add_ps(_mm512_add_ps(from_bf16(xp + i * kGroup), from_bf16(xp + i * kGroup + 16)));
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      for (int64_t r0 = 0; r0 < M; r0 += kMaxRowsBf16) {
+        const int64_t rows = std::min(kMaxRowsBf16, M - r0);
+        kBlockRowsBf16[rows](xp + r0 * K, sp + r0 * G, K, G, wp + nb * G * kRecord, op + r0 * n + nb * kBlock, n);
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pardec_q4, m) {
+  m.def("q4q8_mm(Tensor x, Tensor w, int n) -> Tensor");
+  m.def("q4bf16_mm(Tensor x, Tensor w, int n) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(pardec_q4, CPU, m) {
+  m.impl("q4q8_mm", &q4q8_mm);
+  m.impl("q4bf16_mm", &q4bf16_mm);
+}

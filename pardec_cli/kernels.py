@@ -1,0 +1,189 @@
+"""Kernels pardec builds itself: products of 4-bit weights for CPUs with AVX512.
+
+PyTorch's CPU int4 kernel dequantizes every weight to float for its FMAs and works in
+tiles of 4 rows: 120 calls of a SmolLM2-135M step read their 66 MB at about 25 GB/s
+where the memory gives 45, and 5 rows cost as much as 8. ``data/int4_kernels.cpp``
+holds two torch ops over one layout (`quant.Int4Records`):
+
+- ``pardec_q4::q4bf16_mm``: bfloat16 activations by the 4-bit codes through AVX512-BF16
+  dot products (the codes become the bfloat16 numbers 128 + q): the arithmetic of
+  torch's kernel (bfloat16 activations, float32 sums), what int4 layers use in bfloat16;
+- ``pardec_q4::q4q8_mm``: int8 activations (groups of 32, as llama.cpp's Q8_1) through
+  AVX512-VNNI byte dot products, ``--weights q4q8``: faster for a few rows, but further
+  from the full model (docs/weights.md).
+
+Nothing PyTorch or a maintained library ships for x86 CPUs computes these (torchao's
+PyPI wheels carry CUDA kernels only). The ops are compiled once per machine with torch's
+C++ extension builder (the compiler inductor needs too), into pardec's store: the first
+int4 load on a CPU that runs them starts a detached build (``python -m
+pardec_cli.kernels BUILD_DIR``, about 10-20 s on 2 cores) and goes on with torch's
+kernel, so no run waits for it; later loads take the library in milliseconds.
+``--weights q4q8`` builds it at once where it is missing. A failed build leaves a
+``failed`` file with its reason (`status`, shown by `pardec doctor`), and is not tried
+again in the background. ``PARDEC_KERNELS=0`` keeps pardec to torch's kernels. This
+module imports torch only inside its functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+LIBRARY = "pardec_int4"
+SOURCE = "data/int4_kernels.cpp"
+#: Instructions (lscpu's names) every op needs, and each op's own.
+BASE_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c", "fma")
+OP_FLAGS = {"bfloat16": "avx512_bf16", "int8": "avx512_vnni"}
+#: The whole library's compiler flags; each op's own instructions are target attributes
+#: of its functions, so the library loads on any AVX512 CPU.
+CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mf16c", "-mfma")
+FAILED = "failed"
+
+
+def enabled() -> bool:
+    """False when ``PARDEC_KERNELS`` is 0/false/no/off: torch's kernels only."""
+    return os.environ.get("PARDEC_KERNELS", "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def source() -> bytes:
+    """The C++ source of the ops."""
+    return resources.files("pardec_cli").joinpath(SOURCE).read_bytes()
+
+
+@functools.cache
+def source_digest() -> str:
+    """What identifies the ops' code (saved compiled steps that call them name it)."""
+    return hashlib.sha256(source()).hexdigest()[:12]
+
+
+def cpu_supported(flags: frozenset[str] | set[str], activations: str) -> bool:
+    """Whether a CPU with these flags (``/proc/cpuinfo``'s) runs the op for `activations`
+    ("bfloat16" or "int8"), and torch's own kernels run at AVX512 there (not capped by
+    ``ATEN_CPU_CAPABILITY``)."""
+    if not all(flag in flags for flag in (*BASE_FLAGS, OP_FLAGS[activations])):
+        return False
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+def build_dir(root: Path) -> Path:
+    """Where the library for this source, torch and Python is built under `root`."""
+    import torch
+
+    digest = hashlib.sha256(source() + f"{torch.__version__}|{sys.version_info[:2]}|{CFLAGS}".encode()).hexdigest()[:12]
+    return root / f"int4-{digest}"
+
+
+def loaded() -> bool:
+    """Whether the ops are registered in this process."""
+    import torch
+
+    return hasattr(torch.ops.pardec_q4, "q4bf16_mm")
+
+
+def load(directory: Path) -> bool:
+    """Load the library built in `directory` into this process; False where it is not
+    built there (yet) or does not load. (A library another store built and this process
+    loaded counts only for that store: what a load uses follows its own store.)"""
+    library = directory / f"{LIBRARY}.so"
+    if not library.is_file():
+        return False
+    if loaded():
+        return True
+    import torch
+
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError):
+        return False
+    _register_fakes()
+    return loaded()
+
+
+def status(directory: Path) -> str:
+    """"built", "building", "failed: REASON" or "not built", for `pardec doctor`."""
+    if (directory / f"{LIBRARY}.so").is_file():
+        return "built"
+    failed = directory / FAILED
+    if failed.is_file():
+        return "failed: " + (failed.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["?"])[-1]
+    if _build_running(directory):
+        return "building"
+    return "not built"
+
+
+def build(directory: Path) -> None:
+    """Compile the library into `directory` and load it (blocking; one builder at a time;
+    a build that failed before is tried again). A failure writes its reason to
+    ``directory/failed`` and raises."""
+    from filelock import FileLock
+
+    import torch.utils.cpp_extension as cpp
+
+    if loaded():
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(directory / ".build.lock")):
+        if (directory / f"{LIBRARY}.so").is_file():
+            return
+        (directory / FAILED).unlink(missing_ok=True)
+        src = directory / "int4_kernels.cpp"
+        src.write_bytes(source())
+        try:
+            cpp.load(name=LIBRARY, sources=[str(src)], build_directory=str(directory), extra_cflags=list(CFLAGS),
+                     is_python_module=False, verbose=False)  # fmt: skip
+        except Exception as exc:
+            (directory / FAILED).write_text(f"{type(exc).__name__}: {exc}".strip() + "\n", encoding="utf-8")
+            raise
+    _register_fakes()
+
+
+def build_in_background(directory: Path) -> bool:
+    """Start a detached build of the library unless it is built, failed or being built,
+    or `enabled` says no; True when one was started. It outlives this process, so a
+    short run still leaves the library for the next one."""
+    if not enabled() or (directory / f"{LIBRARY}.so").is_file() or (directory / FAILED).is_file():
+        return False
+    if _build_running(directory):
+        return False
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "build.log", "ab") as log:
+        subprocess.Popen([sys.executable, "-m", "pardec_cli.kernels", str(directory)], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=log, start_new_session=True, env={**os.environ, "MAX_JOBS": "1"})  # fmt: skip
+    return True
+
+
+def _build_running(directory: Path) -> bool:
+    from filelock import FileLock, Timeout
+
+    lock = directory / ".build.lock"
+    if not lock.exists():
+        return False
+    try:
+        with FileLock(str(lock), timeout=0):
+            return False
+    except Timeout:
+        return True
+
+
+def _register_fakes() -> None:
+    """The ops' shape functions, for torch.compile's tracing: [M, n], bfloat16 for
+    bfloat16 x, else float32. Called once per process, where the library enters it
+    (`load`, `build`)."""
+    import torch
+
+    def out(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
+        return x.new_empty((x.shape[0], n), dtype=x.dtype if x.dtype == torch.bfloat16 else torch.float32)
+
+    torch.library.register_fake("pardec_q4::q4q8_mm", out)
+    torch.library.register_fake("pardec_q4::q4bf16_mm", out)
+
+
+if __name__ == "__main__":  # the detached builder: python -m pardec_cli.kernels BUILD_DIR
+    build(Path(sys.argv[1]))

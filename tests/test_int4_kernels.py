@@ -1,0 +1,335 @@
+"""pardec's own int4 kernels (`pardec_cli.kernels`) and the layers on them
+(`quant.Int4Records`): bfloat16 activations (AVX512-BF16) and int8 ones (``--weights
+q4q8``, AVX512-VNNI).
+
+The kernels' tests build them once for the run (about 10-20 s) and are skipped on a CPU
+without the instructions; the layout, the loading choices and the faults run everywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pardec_cli import kernels, quant
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.hardware import cpu_info
+from pardec_cli.quant import Int4Linear, Int4Records, pack_records, share_products, unpack_records, use_records
+from tests.cli_helpers import invoke
+from tests.test_exactness import random_prompt
+from tests.test_quant import quantize_linears_on, tiny_gguf  # noqa: F401 (a fixture)
+from tests.tiny_models import peaked, tiny_llama
+
+BF16 = kernels.cpu_supported(cpu_info().flags, "bfloat16")
+INT8 = kernels.cpu_supported(cpu_info().flags, "int8")
+needs_bf16 = pytest.mark.skipif(not BF16, reason="this CPU lacks AVX512-BF16 (or torch runs below AVX512)")
+needs_vnni = pytest.mark.skipif(not INT8, reason="this CPU lacks AVX512-VNNI (or torch runs below AVX512)")
+KINDS = [pytest.param("bfloat16", marks=needs_bf16), pytest.param("int8", marks=needs_vnni)]
+
+
+@pytest.fixture(scope="session")
+def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The kernels, built once for the test run and loaded into this process."""
+    if not (BF16 or INT8):
+        pytest.skip("this CPU lacks AVX512-BF16 and AVX512-VNNI")
+    directory = kernels.build_dir(tmp_path_factory.mktemp("kernels"))
+    kernels.build(directory)
+    assert kernels.load(directory) and kernels.loaded()
+    return directory
+
+
+def codes(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scale = torch.rand(n, k // 32, generator=g) * 0.01 + 1e-3
+    minimum = -8 * scale + torch.randn(n, k // 32, generator=g) * 1e-3
+    return q, scale.half().float(), minimum.half().float()  # float16-exact, as the records keep them
+
+
+def reference_q8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """q4q8's arithmetic in float64: x [M, K] to int8 per group of 32 (max-abs / 127,
+    rounded half to even), integer dot products with the codes, then the scales."""
+    m, k = x.shape
+    xg = x.double().view(m, k // 32, 32)
+    d = xg.abs().amax(-1) / 127  # [M, G]
+    qx = torch.round(xg / torch.where(d > 0, d, 1)[..., None]).clamp(-128, 127)
+    dots = torch.einsum("mgk,ngk->mng", qx, q.double().view(q.shape[0], k // 32, 32))  # [M, N, G]
+    return (dots * d[:, None, :] * scale.double()[None] + minimum.double()[None] * xg.sum(-1)[:, None, :]).sum(-1)
+
+
+# -------------------------------------------------------------- the layout
+
+
+def test_records_pack_and_unpack_codes_scales_and_minimums() -> None:
+    q, scale, minimum = codes(48, 96)
+    blocks = pack_records(q, scale, minimum)
+    assert blocks.shape == (3, 3, 320) and blocks.dtype == torch.uint8
+    back = unpack_records(blocks, 48, 96)
+    assert torch.equal(back[0], q) and torch.equal(back[1], scale) and torch.equal(back[2], minimum)
+    # Byte 4i + b of a record's first chunk: output i's codes b (low nibble) and 4 + b (high).
+    assert int(blocks[0, 0, 4 * 5 + 2]) == int(q[5, 2]) | int(q[5, 6]) << 4
+
+
+def test_an_int4_layer_becomes_records_of_the_same_codes() -> None:
+    weight = torch.randn(64, 96) * 0.05
+    int4 = Int4Linear.from_weight(weight.bfloat16())
+    layer = Int4Records.from_int4(int4, "bfloat16")
+    assert layer is not None
+    # The same weight, up to the float16 rounding of the minimum (int4 keeps scale and
+    # zero in bfloat16; its dequantize also rounds to bfloat16).
+    assert torch.allclose(layer.dequantize(), int4.dequantize(), atol=1e-3)
+    step = layer.codes()[1].repeat_interleave(32, dim=1)  # [N, K]: each group's scale
+    assert (weight - layer.dequantize()).abs().le(step / 2 + 2e-3).all()  # rounding to the nearest code
+
+
+def test_layers_the_kernels_cannot_take_stay_on_torch_s() -> None:
+    # 48 outputs: whole records of 16, but not whole blocks of torch's int4 packing to unpack
+    assert Int4Records.from_int4(Int4Linear.from_weight(torch.randn(48, 64)), "bfloat16") is None
+    assert Int4Records.from_int4(Int4Linear.from_weight(torch.randn(64, 128), group_size=64), "bfloat16") is None
+    huge = Int4Linear.from_weight(torch.randn(64, 64) * 1e6)  # scales beyond float16
+    assert Int4Records.from_int4(huge, "bfloat16") is None
+    model = quantize_linears_on(tiny_llama(0, layers=1, hidden=32), "int4")
+    assert use_records(model, "int8") == 2 and quant.weights_label(model) == "q4q8"  # gate/up: 64 outputs
+    assert isinstance(model.model.layers[0].self_attn.k_proj, Int4Linear)
+    assert quant.row_tile(model) == quant.CPU_INT4_ROW_TILE  # the slowest layer's tiles count
+    with pytest.raises(ValueError, match="activations"):
+        Int4Records(torch.zeros(1, 1, 320, dtype=torch.uint8), in_features=32, out_features=16, bias=None, activations="fp8")
+
+
+# -------------------------------------------------------------- the kernel
+
+
+@needs_vnni
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 20])
+def test_q4q8_computes_q4_1_by_q8_products(kernel_dir: Path, rows: int) -> None:
+    q, scale, minimum = codes(64, 128, seed=rows)
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+    got = torch.ops.pardec_q4.q4q8_mm(x, pack_records(q, scale, minimum), 64)
+    assert got.dtype == torch.float32 and got.shape == (rows, 64)
+    assert torch.allclose(got.double(), reference_q8(x, q, scale, minimum), rtol=1e-5, atol=1e-5)
+    half = torch.ops.pardec_q4.q4q8_mm(x.bfloat16(), pack_records(q, scale, minimum), 64)
+    assert half.dtype == torch.bfloat16
+    assert torch.allclose(half.float(), reference_q8(x.bfloat16().float(), q, scale, minimum).float(), rtol=1e-2, atol=1e-2)
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 3, 6, 7, 20])
+def test_q4bf16_multiplies_bfloat16_activations_by_the_dequantized_weight(kernel_dir: Path, rows: int) -> None:
+    q, scale, minimum = codes(64, 128, seed=rows)
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    got = torch.ops.pardec_q4.q4bf16_mm(x, pack_records(q, scale, minimum), 64)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 64)
+    weight = (q.double().view(64, 4, 32) * scale.double()[..., None] + minimum.double()[..., None]).view(64, 128)
+    exact = x.double() @ weight.t()
+    # float32 sums, one bfloat16 rounding of the result: within half a bfloat16 step
+    assert torch.allclose(got.double(), exact, rtol=2 ** -8, atol=1e-4)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        torch.ops.pardec_q4.q4bf16_mm(x.float(), pack_records(q, scale, minimum), 64)
+
+
+@needs_bf16
+def test_q4bf16_gives_what_torch_s_int4_kernel_gives(kernel_dir: Path) -> None:
+    int4 = Int4Linear.from_weight(torch.randn(192, 576).bfloat16() * 0.05)
+    records = Int4Records.from_int4(int4, "bfloat16")
+    x = torch.randn(5, 576).bfloat16()
+    ours, theirs = records(x).float(), int4(x).float()
+    assert (ours - theirs).norm() < 5e-3 * theirs.norm()  # bfloat16 roundings apart
+
+
+@pytest.mark.parametrize("activations", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_row_s_product_does_not_depend_on_the_rows_beside_it(kernel_dir: Path, activations: str, dtype: torch.dtype) -> None:
+    if activations == "bfloat16" and dtype != torch.bfloat16:
+        pytest.skip("q4bf16 takes bfloat16 activations")
+    layer = Int4Records.from_int4(Int4Linear.from_weight(torch.randn(128, 64).to(dtype)), activations)
+    x = torch.randn(21, 64).to(dtype)
+    together = layer(x)
+    for i in (0, 5, 6, 7, 8, 20):
+        assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
+
+
+@pytest.mark.parametrize("op", [pytest.param("q4q8_mm", marks=needs_vnni), pytest.param("q4bf16_mm", marks=needs_bf16)])
+def test_bad_shapes_are_errors_not_crashes(kernel_dir: Path, op: str) -> None:
+    multiply = getattr(torch.ops.pardec_q4, op)
+    blocks = pack_records(*codes(32, 64))
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        multiply(torch.randn(2, 96).bfloat16(), blocks, 32)
+    with pytest.raises(RuntimeError, match="uint8"):
+        multiply(torch.randn(2, 64).bfloat16(), blocks.float(), 32)
+    assert multiply(torch.randn(0, 64).bfloat16(), blocks, 32).shape == (0, 32)
+
+
+def records_model(activations: str, seed: int = 0) -> torch.nn.Module:
+    dtype = torch.bfloat16 if activations == "bfloat16" else torch.float32
+    model = quantize_linears_on(peaked(tiny_llama(seed, layers=2, hidden=128)).to(dtype), "int4")
+    assert use_records(model, activations) == 2 * 7
+    return model
+
+
+@pytest.mark.parametrize("activations", KINDS)
+def test_layers_of_one_input_share_records_and_compile_to_one_call_per_group(kernel_dir: Path, activations: str) -> None:
+    model = records_model(activations)
+    assert quant.kernel_suffix(model) == ("+pardec" if activations == "bfloat16" else "")  # learned step costs apart
+    op = getattr(torch.ops.pardec_q4, "q4q8_mm" if activations == "int8" else "q4bf16_mm").default
+    ids = torch.tensor([random_prompt(1, 12)])
+    with torch.no_grad():
+        before = model(ids).logits
+        assert share_products(model, lambda: model(ids[:, :2], use_cache=False)) == 4
+        after = model(ids).logits
+    assert torch.equal(before, after)
+    attention = model.model.layers[0].self_attn
+    members = [attention.q_proj, attention.k_proj, attention.v_proj]
+    assert [m.shared_columns for m in members] == [(0, 128), (128, 192), (192, 256)]
+    assert all(m.blocks.untyped_storage().data_ptr() == members[0].shared_blocks.data_ptr() for m in members)
+    calls: list[tuple[int, int]] = []
+
+    def counting(graph: torch.fx.Graph) -> None:
+        count = lambda: sum(n.target is op for n in graph.nodes)  # noqa: E731
+        before = count()
+        quant.merge_identical_products(graph)
+        calls.append((before, count()))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_pre_pass": counting})
+    try:
+        with torch.no_grad():
+            traced = compiled(ids).logits
+    finally:
+        torch._dynamo.reset()
+    assert calls == [(2 * 7, 2 * 4)]
+    # Within 16-bit roundings; for int8 activations also: inductor's fused kernels round
+    # differently in the last bits, and an activation on the edge between two int8 codes
+    # then takes the other one.
+    assert (traced.float() - after.float()).norm() < 0.02 * after.float().norm()
+
+
+# -------------------------------------------------------------- loading and building
+
+
+@needs_bf16
+def test_int4_in_bfloat16_takes_pardec_s_kernel_once_built_in_the_store(
+    kernel_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    path = import_gguf(tiny_gguf, "tiny-q")
+    started: list[Path] = []
+    monkeypatch.setattr(kernels, "build_in_background", lambda directory: started.append(directory) or True)
+    model, _ = load_model(path, dtype="bfloat16", device="cpu", weights="auto")
+    # Not built in this store: torch's kernel now, and a build starts for the next run.
+    assert isinstance(model.model.layers[0].self_attn.q_proj, Int4Linear)
+    assert started == [kernels.build_dir(kernels_dir())]
+    started[0].mkdir(parents=True)
+    (started[0] / f"{kernels.LIBRARY}.so").symlink_to(kernel_dir / f"{kernels.LIBRARY}.so")
+    for weights in ("auto", "int4"):
+        model, _ = load_model(path, dtype="bfloat16", device="cpu", weights=weights)
+        layer = model.model.layers[0].self_attn.q_proj
+        assert isinstance(layer, Int4Records) and layer.activations == "bfloat16"
+        assert quant.weights_label(model) == "int4"
+    # float32 activations, or PARDEC_KERNELS=0: torch's kernel.
+    float32, _ = load_model(path, dtype="float32", device="cpu", weights="int4")
+    assert isinstance(float32.model.layers[0].self_attn.q_proj, Int4Linear)
+    monkeypatch.setenv("PARDEC_KERNELS", "0")
+    model, _ = load_model(path, dtype="bfloat16", device="cpu", weights="int4")
+    assert isinstance(model.model.layers[0].self_attn.q_proj, Int4Linear)
+
+
+@needs_vnni
+def test_q4q8_is_asked_for_never_chosen_by_auto(kernel_dir: Path, tiny_gguf: Path) -> None:  # noqa: F811
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+
+    path = import_gguf(tiny_gguf, "tiny-q")
+    notices: list[str] = []
+    model, _ = load_model(path, dtype="bfloat16", device="cpu", weights="q4q8", notice=notices.append)
+    assert quant.weights_label(model) == "q4q8"
+    layer = model.model.layers[0].self_attn.q_proj
+    assert isinstance(layer, Int4Records) and layer.activations == "int8"
+    assert notices and "building pardec's int4 kernels" in notices[0]  # this store had not built them
+    assert quant.weights_label(load_model(path, dtype="bfloat16", device="cpu", weights="auto")[0]) == "int4"
+
+
+@needs_vnni
+def test_asked_for_q4q8_loads_it_in_any_dtype(kernel_dir: Path, tiny_gguf: Path) -> None:  # noqa: F811
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+
+    path = import_gguf(tiny_gguf, "tiny-q")
+    model, _ = load_model(path, dtype="float32", device="cpu", weights="q4q8")
+    assert isinstance(model.model.layers[0].mlp.down_proj, Int4Records)
+
+
+def test_q4q8_on_a_cpu_without_vnni_is_a_usage_error(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+
+    monkeypatch.setattr(kernels, "cpu_supported", lambda flags, activations: False)
+    path = import_gguf(tiny_gguf, "tiny-q")
+    with pytest.raises(PardecUsageError, match="AVX512-VNNI"):
+        load_model(path, dtype="bfloat16", device="cpu", weights="q4q8")
+
+
+def test_the_weights_flag_takes_q4q8_and_says_why_it_cannot(tiny_cli_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "cpu_supported", lambda flags, activations: False)
+    result = invoke(["gen", "-m", str(tiny_cli_model), "--weights", "q4q8", "-n", "2", "hi"])
+    assert result.exit_code != 0
+    assert "AVX512-VNNI" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_failed_build_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.utils.cpp_extension as cpp
+
+    def broken(**kwargs: object) -> None:
+        raise RuntimeError("Error building extension 'pardec_q4q8': g++: not found")
+
+    monkeypatch.setattr(kernels, "loaded", lambda: False)
+    monkeypatch.setattr(cpp, "load", broken)
+    directory = kernels.build_dir(tmp_path)
+    assert kernels.status(directory) == "not built"
+    with pytest.raises(RuntimeError, match="g\\+\\+"):
+        kernels.build(directory)
+    assert kernels.status(directory).startswith("failed: RuntimeError: Error building extension")
+    assert not kernels.load(directory)
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    assert kernels.build_in_background(directory) is False  # not again in the background
+    (directory / f"{kernels.LIBRARY}.so").write_bytes(b"")  # a later build that worked
+    (directory / kernels.FAILED).unlink()
+    assert kernels.status(directory) == "built"
+
+
+def test_a_background_build_starts_once_and_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "Popen", lambda args, **kwargs: started.append(args))
+    directory = kernels.build_dir(tmp_path)
+    monkeypatch.setenv("PARDEC_KERNELS", "0")
+    assert kernels.build_in_background(directory) is False and started == []
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    assert kernels.build_in_background(directory) is True
+    assert started[0][1:] == ["-m", "pardec_cli.kernels", str(directory)]
+    (directory / f"{kernels.LIBRARY}.so").write_bytes(b"")
+    assert kernels.build_in_background(directory) is False and kernels.status(directory) == "built"
+
+
+def test_the_build_directory_follows_the_source_and_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = kernels.build_dir(tmp_path)
+    monkeypatch.setattr(torch, "__version__", "0.0.0+other")
+    assert kernels.build_dir(tmp_path) != first and kernels.build_dir(tmp_path).parent == tmp_path
+
+
+def test_doctor_says_which_int4_kernels_run_and_why() -> None:
+    from pardec_cli.cli.doctor import _kernels_line
+
+    base = {"dir": "/home/k/int4-abc", "enabled": True, "bfloat16": True, "int8": True}
+    assert _kernels_line({**base, "status": "built"}).startswith("pardec's, built in /home/k/int4-abc")
+    assert "in the background" in _kernels_line({**base, "status": "not built"})
+    assert "failed: RuntimeError: g++" in _kernels_line({**base, "status": "failed: RuntimeError: g++"})
+    assert "PARDEC_KERNELS=0" in _kernels_line({**base, "enabled": False, "status": "built"})
+    assert "lacks AVX512-BF16" in _kernels_line({**base, "bfloat16": False, "int8": False, "status": "not built"})
+    assert _kernels_line({**base, "bfloat16": False, "status": "built"}).endswith(": --weights q4q8")
