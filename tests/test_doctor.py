@@ -62,8 +62,11 @@ def test_weight_bytes_follow_the_dtype():
     assert weight_bytes(model.bfloat16()) * 2 == fp32  # every tensor, buffers too, is floating point
 
 
-def test_the_copy_test_measures_a_positive_bandwidth():
+def test_the_copy_and_read_tests_measure_a_positive_bandwidth():
     assert measure_memory_bandwidth("cpu", size_bytes=1 << 20, repeats=2) > 0
+    assert measure_memory_bandwidth("cpu", size_bytes=1 << 20, repeats=2, kind="read") > 0
+    with pytest.raises(ValueError, match="write"):
+        measure_memory_bandwidth("cpu", kind="write")
 
 
 # -- through the CLI -----------------------------------------------------------------------
@@ -71,9 +74,10 @@ def test_the_copy_test_measures_a_positive_bandwidth():
 
 @pytest.fixture
 def bandwidth_10gbs(monkeypatch):
-    """The copy test, replaced: 10 GB/s at once."""
+    """The bandwidth tests, replaced: 10 GB/s read, 20 GB/s copied (read + written), at once."""
     devices = []
-    monkeypatch.setattr("pardec_cli.hardware.measure_memory_bandwidth", lambda device: devices.append(device) or 10.0)
+    monkeypatch.setattr("pardec_cli.hardware.measure_memory_bandwidth",
+                        lambda device, kind="copy": devices.append(device) or (10.0 if kind == "read" else 20.0))  # fmt: skip
     return devices
 
 
@@ -83,12 +87,13 @@ def test_doctor_prints_the_floor_of_the_model_and_the_forward_against_it(tiny_cl
     lines = result.stdout.splitlines()
     start = lines.index(f"floor of {tiny_cli_model}")
     memory, weights, floor, forward = lines[start + 1: start + 5]
-    assert memory.startswith("  memory        10.0 GB/s on cpu (copy test")
+    assert memory.startswith("  memory        10.0 GB/s read on cpu (read test")
+    assert memory.endswith("a copy test moves 20.0 GB/s, read + written)")
     assert weights.startswith("  weights       ") and weights.endswith("MB read by one forward (float32, eager step)")
-    assert floor.startswith("  floor         ") and floor.endswith("ms per forward (weights / bandwidth)")
+    assert floor.startswith("  floor         ") and floor.endswith("ms per forward (weights / read bandwidth)")
     assert forward.startswith("  forward       ") and "ms for one token over a 300-token context: " in forward
-    assert forward.endswith("x the floor")
-    assert bandwidth_10gbs == ["cpu"]
+    assert forward.endswith("x one at the copy test's rate)")
+    assert bandwidth_10gbs == ["cpu", "cpu"]
 
 
 def test_doctor_json_floor_is_consistent(tiny_cli_model, bandwidth_10gbs):
@@ -102,6 +107,7 @@ def test_doctor_json_floor_is_consistent(tiny_cli_model, bandwidth_10gbs):
     assert floor["floor_ms"] == pytest.approx(floor["weight_bytes"] / 10e9 * 1e3, rel=1e-3)
     assert floor["forward_ms"] > 0 and floor["context_tokens"] == 300
     assert floor["multiple"] == pytest.approx(floor["forward_ms"] / floor["floor_ms"], rel=1e-2)
+    assert floor["copy_floor_ms"] == pytest.approx(floor["floor_ms"] / 2, rel=1e-2)  # 20 GB/s copied
 
 
 def test_doctor_no_measure_leaves_the_floor_out(tiny_cli_model, bandwidth_10gbs):
@@ -116,8 +122,8 @@ def test_doctor_for_a_model_that_is_not_here_still_measures_the_bandwidth(bandwi
     result = invoke(["doctor", "-m", "qwen2.5-7b"])
     assert result.exit_code == 0, result.stderr
     tail = result.stdout.splitlines()[-3:]
-    assert tail == ["floor of qwen2.5-7b", "  memory        10.0 GB/s on cpu (copy test: best of 5 copies of 256 MiB, "
-                    "bytes read + written)",
+    assert tail == ["floor of qwen2.5-7b", "  memory        10.0 GB/s read on cpu (read test: best of 5 sums over "
+                    "256 MiB; a copy test moves 20.0 GB/s, read + written)",
                     "  qwen2.5-7b is not on this machine (`pardec pull qwen2.5-7b`)"]
 
 

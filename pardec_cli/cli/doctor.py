@@ -27,7 +27,7 @@ def _params(n: int | None) -> str:
 @click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
               help="As for pardec gen.")
 @click.option("--measure/--no-measure", default=True, show_default=True,
-              help="Measure the floor: memory bandwidth (a copy test) and MODEL's one-token forward against it "
+              help="Measure the floor: memory bandwidth (a read test, and a copy test beside it) and MODEL's one-token forward against it "
               "(a few seconds). --no-measure answers at once.")
 @click.option("--compile", "compile", type=click.Choice(["off", "on"]), default="off", show_default=True,
               help="Measure the forward of the compiled runner (--compile on: compiles first, tens of seconds) "
@@ -41,9 +41,10 @@ def doctor(model: str | None, device: str, dtype: str, measure: bool, compile: s
 
     \b
     The floor: one forward must read the model's weights, so it cannot take less than
-    (bytes of weights) / (memory bandwidth). doctor measures the bandwidth with a short
-    copy test, then times a one-token forward over a 300-token context on the runner
-    that gen uses, and prints it as a multiple of that floor (1.0x = at the floor).
+    (bytes of weights) / (memory read bandwidth). doctor measures the bandwidth with a
+    short read test (and a copy test, whose read + written rate some CPUs double), then
+    times a one-token forward over a 300-token context on the runner that gen uses, and
+    prints it as a multiple of that floor (1.0x = at the floor).
 
     With --no-measure, on a machine without a GPU driver, this does not import torch,
     so it answers at once.
@@ -114,14 +115,15 @@ def format_report(report: dict[str, Any]) -> list[str]:
 
 def _floor_lines(floor: dict[str, Any], name: str) -> list[str]:
     lines = ["", f"floor of {name}",
-             f"  memory        {floor['bandwidth_gbs']:.1f} GB/s on {floor['device']} ({floor['bandwidth_source']})"]
+             f"  memory        {floor['bandwidth_gbs']:.1f} GB/s read on {floor['device']} ({floor['bandwidth_source']}; "
+             f"a copy test moves {floor['copy_gbs']:.1f} GB/s, read + written)"]
     if floor.get("problem"):
         return [*lines, f"  {floor['problem']}"]
     lines.append(f"  weights       {floor['weight_bytes'] / 1e6:.1f} MB read by one forward ({floor['dtype']}, "
                  f"{'compiled' if floor.get('compiled') else 'eager'} step)")
-    lines.append(f"  floor         {floor['floor_ms']:.2f} ms per forward (weights / bandwidth)")
+    lines.append(f"  floor         {floor['floor_ms']:.2f} ms per forward (weights / read bandwidth)")
     lines.append(f"  forward       {floor['forward_ms']:.2f} ms for one token over a {floor['context_tokens']}-token "
-                 f"context: {floor['multiple']:.2f}x the floor")
+                 f"context: {floor['multiple']:.2f}x the floor ({floor['copy_multiple']:.2f}x one at the copy test's rate)")
     return lines
 
 
