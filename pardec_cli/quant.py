@@ -212,6 +212,19 @@ class Int4Records(nn.Module):
         self.shared_columns: tuple[int, int] | None = None
 
     @classmethod
+    def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, *, activations: str,
+                   bias: torch.Tensor | None = None) -> Int4Records | None:  # fmt: skip
+        """From codes q [N, K] (0..15) with w = q * scale + minimum per group of 32 (GGUF
+        Q4_1's form; its float16 scales and minimums are kept exactly); None where the
+        kernels cannot take the shape or float16 cannot hold the scales."""
+        n, k = q.shape
+        if q.device.type != "cpu" or n % RECORD_BLOCK or k % RECORD_GROUP:
+            return None
+        if not (_fits_f16(scale.float()) and _fits_f16(minimum.float())):
+            return None
+        return cls(pack_records(q, scale, minimum), in_features=k, out_features=n, bias=bias, activations=activations)
+
+    @classmethod
     def from_int4(cls, layer: Int4Linear, activations: str) -> Int4Records | None:
         """The same codes from a CPU `Int4Linear`, with its scales and minimums in float16;
         None where the kernels cannot take it (CUDA packing, groups other than 32, outputs
@@ -225,11 +238,8 @@ class Int4Records(nn.Module):
         blocks = layer.packed.view(n // block, k, block // 2)
         q = torch.cat([blocks & 15, blocks >> 4], dim=2).transpose(1, 2).reshape(n, k)
         sz = layer.scales_and_zeros.float().transpose(0, 1)  # [N, K/g, 2]
-        scale, minimum = sz[..., 0], sz[..., 1] - 8.0 * sz[..., 0]
-        if not (_fits_f16(scale) and _fits_f16(minimum)):
-            return None
         bias = None if layer.bias is None else layer.bias.detach()
-        return cls(pack_records(q, scale, minimum), in_features=k, out_features=n, bias=bias, activations=activations)
+        return cls.from_codes(q, sz[..., 0], sz[..., 1] - 8.0 * sz[..., 0], activations=activations, bias=bias)
 
     def codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q [N, K] uint8, scale [N, K/32], minimum [N, K/32]) float32 (`unpack_records`)."""
@@ -257,11 +267,11 @@ class Int4Records(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
-        if x2d.shape[0] >= DENSE_FROM_ROWS:  # a long prompt's prefill: one dense GEMM
+        # A long prompt's prefill, or activations the bfloat16 kernel does not take (a
+        # model cast after loading): one dense GEMM on the same weight.
+        if x2d.shape[0] >= DENSE_FROM_ROWS or (self.activations == "bfloat16" and x2d.dtype != torch.bfloat16):
             y = nn.functional.linear(x2d, self.dequantize().to(x.dtype))
         else:
-            if self.activations == "bfloat16" and x2d.dtype != torch.bfloat16:
-                raise TypeError(f"this int4 layer multiplies bfloat16 activations, not {x2d.dtype}")
             y = self._matmul(x2d).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias

@@ -127,6 +127,9 @@ def test_q4bf16_multiplies_bfloat16_activations_by_the_dequantized_weight(kernel
     assert torch.allclose(got.double(), exact, rtol=2 ** -8, atol=1e-4)
     with pytest.raises(RuntimeError, match="bfloat16"):
         torch.ops.pardec_q4.q4bf16_mm(x.float(), pack_records(q, scale, minimum), 64)
+    # The layer, handed float32 (a model cast after loading), multiplies the dense weight.
+    layer = Int4Records(pack_records(q, scale, minimum), in_features=128, out_features=64, bias=None, activations="bfloat16")
+    assert torch.allclose(layer(x.float()).double(), exact, rtol=1e-5, atol=1e-5)
 
 
 @needs_bf16
@@ -261,7 +264,12 @@ def test_asked_for_q4q8_loads_it_in_any_dtype(kernel_dir: Path, tiny_gguf: Path)
 
     path = import_gguf(tiny_gguf, "tiny-q")
     model, _ = load_model(path, dtype="float32", device="cpu", weights="q4q8")
-    assert isinstance(model.model.layers[0].mlp.down_proj, Int4Records)
+    layer = model.model.layers[0].mlp.down_proj
+    assert isinstance(layer, Int4Records)
+    # Built from the GGUF's codes with its float16 scales and minimums: exactly its weight
+    # (torch's kernel holds them rounded to the activations' dtype).
+    full, _ = load_model(path, dtype="float32", device="cpu", weights="full")
+    assert torch.equal(layer.dequantize(), full.model.layers[0].mlp.down_proj.weight)
 
 
 def test_q4q8_on_a_cpu_without_vnni_is_a_usage_error(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811

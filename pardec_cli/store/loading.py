@@ -189,7 +189,7 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pardec_cli.quant import quantize_head, quantize_linears, share_products
+    from pardec_cli.quant import quantize_head, quantize_linears, share_products, use_records
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
@@ -200,8 +200,11 @@ def load_model(
     stored_blocks = is_quantized_dir(path)
     mode = resolve_weights(weights, dtype=dtype, device=device, stored="q4" if stored_blocks else None)
     q4q8 = mode == "q4q8"
-    if q4q8:  # int4 codes first, then the kernel's records (`_own_kernels`)
+    if q4q8:  # int4 codes, on pardec's kernel with int8 activations (`_own_kernels`)
         mode = "int4"
+    records = None
+    if mode == "int4" and (q4q8 or (device == "cpu" and dtype == "bfloat16")):
+        records = _own_kernels(device=device, q4q8=q4q8, notice=notice)
     with quiet_transformers():
         config = _load_config(path, model_type)
         try:
@@ -218,7 +221,7 @@ def load_model(
             kwargs["device_map"] = device
         try:
             if stored_blocks:  # its blocks were written by pardec itself, tensor by tensor
-                model, info = _load_quantized(path, config, dtype, device, mode), {}
+                model, info = _load_quantized(path, config, dtype, device, mode, records), {}
             else:
                 model, info = _from_pretrained(AutoModelForCausalLM, path, {**kwargs, "output_loading_info": True})
         except ModelLoadError:
@@ -249,26 +252,26 @@ def load_model(
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
         quantize_head(model)
     model.eval()
-    if mode == "int4" and (q4q8 or (device == "cpu" and dtype == "bfloat16")):
-        _own_kernels(model, device=device, q4q8=q4q8, notice=notice)
+    if records is not None:  # layers quantized here rather than read as codes
+        use_records(model, records)
     if mode == "int4":  # on a CPU, q/k/v and gate/up: one int4 call each when compiled
         share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     return model, tokenizer
 
 
-def _own_kernels(model: Any, *, device: str, q4q8: bool, notice: Callable[[str], None] | None) -> None:
-    """Move int4 layers to pardec's own kernels (`pardec_cli.kernels`, `quant.Int4Records`).
+def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | None) -> str | None:
+    """The activations int4 layers multiply on pardec's own kernels (`pardec_cli.kernels`,
+    `quant.Int4Records`) in this load, loading the kernels; None for torch's kernel.
 
-    bfloat16 activations (plain int4 in bfloat16): where this CPU runs the kernel and it is
-    built in the store; a first load starts its build in the background and keeps torch's
-    kernel meanwhile. int8 activations (``--weights q4q8``, asked for): the kernel is built
-    now if need be, and a device or CPU without it is an error.
+    bfloat16 (plain int4 in bfloat16): where this CPU runs the kernel and it is built in
+    the store; a first load starts its build in the background and keeps torch's kernel
+    meanwhile. "int8" (``--weights q4q8``, asked for): the kernel is built now if need be,
+    and a device or CPU without it is an error.
     """
     from pardec_cli import kernels
     from pardec_cli.errors import PardecUsageError
     from pardec_cli.hardware import cpu_info
     from pardec_cli.home import kernels_dir
-    from pardec_cli.quant import use_records
 
     activations = "int8" if q4q8 else "bfloat16"
     if q4q8 and device != "cpu":
@@ -277,14 +280,14 @@ def _own_kernels(model: Any, *, device: str, q4q8: bool, notice: Callable[[str],
         if q4q8:
             raise PardecUsageError("--weights q4q8 needs a CPU with AVX512-VNNI (and torch at AVX512)",
                                    hint="use --weights int4")  # fmt: skip
-        return
+        return None
     if not q4q8 and not kernels.enabled():
-        return
+        return None
     directory = kernels.build_dir(kernels_dir())
     if not kernels.load(directory):
         if not q4q8:
             kernels.build_in_background(directory)
-            return
+            return None
         if notice is not None:
             notice("building pardec's int4 kernels for this CPU (once, about 20 s)")
         try:
@@ -292,7 +295,7 @@ def _own_kernels(model: Any, *, device: str, q4q8: bool, notice: Callable[[str],
         except Exception as exc:
             raise ModelLoadError(f"cannot build pardec's int4 kernels: {first_line(exc)}",
                                  hint=f"see {directory}; or use --weights int4") from None  # fmt: skip
-    use_records(model, activations)
+    return activations
 
 
 def _check_still_there(path: Path) -> None:
@@ -325,17 +328,17 @@ def check_loaded_weights(path: Path, info: dict[str, Any]) -> None:
     )
 
 
-def _load_quantized(path: Path, config: Any, dtype: str, device: str, mode: str) -> Any:
+def _load_quantized(path: Path, config: Any, dtype: str, device: str, mode: str, records: str | None) -> Any:
     """A model stored with its GGUF blocks kept, in SDPA attention where it has it."""
     from pardec_cli.store.quantized import load_quantized_dir
 
+    options = {"dtype": torch_dtype(dtype), "device": device, "weights": mode, "records": records}
     try:
-        return load_quantized_dir(path, config, dtype=torch_dtype(dtype), device=device, weights=mode)
+        return load_quantized_dir(path, config, **options)
     except ValueError as exc:
         if "sdpa" not in str(exc).lower():
             raise
-        return load_quantized_dir(path, config, dtype=torch_dtype(dtype), device=device, weights=mode,
-                                  attn_implementation="eager")  # fmt: skip
+        return load_quantized_dir(path, config, **options, attn_implementation="eager")
 
 
 def _from_pretrained(auto_class: Any, path: Path, kwargs: dict[str, Any]) -> Any:

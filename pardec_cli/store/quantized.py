@@ -178,17 +178,19 @@ def dequantize_stored(kind: str, parts: dict[str, torch.Tensor]) -> torch.Tensor
 
 
 def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: str, weights: str,
-                       attn_implementation: str = "sdpa") -> nn.Module:  # fmt: skip
+                       records: str | None = None, attn_implementation: str = "sdpa") -> nn.Module:  # fmt: skip
     """Build the model of a directory stored by `convert_gguf_quantized`.
 
     `weights` is "full" (every block dequantized exactly, then cast to `dtype`), "int8"
     (requantized per channel by `quantize_linears`) or "int4" (Q4 codes packed straight
-    into `Int4Linear`, without a round trip through float weights).
+    into `Int4Linear`, without a round trip through float weights; with `records` set,
+    into `Int4Records` multiplying those activations, with the GGUF's float16 scales and
+    minimums exactly, where its kernels take the layer).
     """
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from pardec_cli.quant import Int4Linear, quantize_linears
+    from pardec_cli.quant import Int4Linear, Int4Records, quantize_linears
 
     try:
         layout = json.loads((Path(path) / QUANT_FILE).read_text("utf-8"))["tensors"]
@@ -208,11 +210,10 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
         parts = {key.rsplit(".", 1)[1]: t for key, t in stored.items() if key.rsplit(".", 1)[0] == name}
         module_name = name.removesuffix(".weight")
         if weights == "int4" and kind == "q4" and module_name != "lm_head":
-            codes = unpack_q4(parts["q4_codes"])
-            prepared[module_name] = Int4Linear.from_codes(
-                codes.to(device), parts["q4_scale"].to(device), parts["q4_min"].to(device),
-                group_size=BLOCK, dtype=dtype,
-            )
+            codes = unpack_q4(parts["q4_codes"]).to(device)
+            scale, minimum = parts["q4_scale"].to(device), parts["q4_min"].to(device)
+            layer = None if records is None else Int4Records.from_codes(codes, scale, minimum, activations=records)
+            prepared[module_name] = layer or Int4Linear.from_codes(codes, scale, minimum, group_size=BLOCK, dtype=dtype)
             continue
         state[name] = dequantize_stored(kind, parts).to(dtype)
     for name, tensor in stored.items():
