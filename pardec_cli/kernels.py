@@ -63,20 +63,27 @@ def source_digest() -> str:
 
 def cpu_supported(flags: frozenset[str] | set[str], activations: str) -> bool:
     """Whether a CPU with these flags (``/proc/cpuinfo``'s) runs the op for `activations`
-    ("bfloat16" or "int8"), and torch's own kernels run at AVX512 there (not capped by
-    ``ATEN_CPU_CAPABILITY``)."""
+    ("bfloat16" or "int8"), and torch's kernels are not capped below AVX512 there
+    (``ATEN_CPU_CAPABILITY``). Imports nothing: `pardec doctor` asks without torch."""
     if not all(flag in flags for flag in (*BASE_FLAGS, OP_FLAGS[activations])):
         return False
-    import torch
+    capped = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    return not capped or capped.startswith("avx512")
 
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+def torch_version() -> str:
+    """The installed torch's version, read from its metadata (torch is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def build_dir(root: Path) -> Path:
     """Where the library for this source, torch and Python is built under `root`."""
-    import torch
-
-    digest = hashlib.sha256(source() + f"{torch.__version__}|{sys.version_info[:2]}|{CFLAGS}".encode()).hexdigest()[:12]
+    digest = hashlib.sha256(source() + f"{torch_version()}|{sys.version_info[:2]}|{CFLAGS}".encode()).hexdigest()[:12]
     return root / f"int4-{digest}"
 
 
@@ -89,8 +96,9 @@ def loaded() -> bool:
 
 def load(directory: Path) -> bool:
     """Load the library built in `directory` into this process; False where it is not
-    built there (yet) or does not load. (A library another store built and this process
-    loaded counts only for that store: what a load uses follows its own store.)"""
+    built there (yet) or does not load (then it is removed, to be built again). (A
+    library another store built and this process loaded counts only for that store:
+    what a load uses follows its own store.)"""
     library = directory / f"{LIBRARY}.so"
     if not library.is_file():
         return False
@@ -101,6 +109,9 @@ def load(directory: Path) -> bool:
     try:
         torch.ops.load_library(str(library))
     except (OSError, RuntimeError):
+        # A library that does not load (truncated, built for another system) is a cache
+        # entry gone bad: removed, so that the next build replaces it.
+        library.unlink(missing_ok=True)
         return False
     _register_fakes()
     return loaded()

@@ -325,10 +325,30 @@ def test_a_background_build_starts_once_and_can_be_turned_off(tmp_path: Path, mo
     assert kernels.build_in_background(directory) is False and kernels.status(directory) == "built"
 
 
+def test_a_library_that_does_not_load_is_removed_to_be_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "loaded", lambda: False)
+    directory = kernels.build_dir(tmp_path)
+    directory.mkdir(parents=True)
+    (directory / f"{kernels.LIBRARY}.so").write_bytes(b"not a shared library")
+    assert kernels.status(directory) == "built"
+    assert kernels.load(directory) is False
+    assert kernels.status(directory) == "not built"
+
+
 def test_the_build_directory_follows_the_source_and_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = kernels.build_dir(tmp_path)
-    monkeypatch.setattr(torch, "__version__", "0.0.0+other")
+    assert kernels.torch_version() == torch.__version__
+    monkeypatch.setattr(kernels, "torch_version", lambda: "0.0.0+other")
     assert kernels.build_dir(tmp_path) != first and kernels.build_dir(tmp_path).parent == tmp_path
+
+
+def test_a_cpu_capped_below_avx512_does_not_run_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = frozenset({*kernels.BASE_FLAGS, "avx512_bf16", "avx512_vnni"})
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert kernels.cpu_supported(flags, "bfloat16") and kernels.cpu_supported(flags, "int8")
+    assert not kernels.cpu_supported(flags - {"avx512_bf16"}, "bfloat16")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert not kernels.cpu_supported(flags, "bfloat16")
 
 
 def test_doctor_says_which_int4_kernels_run_and_why() -> None:

@@ -295,6 +295,9 @@ def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | Non
         except Exception as exc:
             raise ModelLoadError(f"cannot build pardec's int4 kernels: {first_line(exc)}",
                                  hint=f"see {directory}; or use --weights int4") from None  # fmt: skip
+        if not kernels.loaded():
+            raise ModelLoadError(f"pardec's int4 kernels in {directory} do not load",
+                                 hint="remove that folder and try again, or use --weights int4")  # fmt: skip
     return activations
 
 
