@@ -1,26 +1,21 @@
 """Kernels pardec builds itself: products of 4-bit weights for CPUs with AVX512.
 
-PyTorch's CPU int4 kernel dequantizes every weight to float for its FMAs and works in
-tiles of 4 rows: 120 calls of a SmolLM2-135M step read their 66 MB at about 25 GB/s
-where the memory gives 45, and 5 rows cost as much as 8. ``data/int4_kernels.cpp``
-holds two torch ops over one layout (`quant.Int4Records`):
+torch's CPU int4 kernel dequantizes every weight to float and tiles rows by 4, well
+short of the memory's rate on a few cores (docs/weights.md, "pardec's own int4
+kernels"). ``data/int4_kernels.cpp`` holds two torch ops over one layout
+(`quant.Int4Records`):
 
-- ``pardec_q4::q4bf16_mm``: bfloat16 activations by the 4-bit codes through AVX512-BF16
-  dot products (the codes become the bfloat16 numbers 128 + q): the arithmetic of
-  torch's kernel (bfloat16 activations, float32 sums), what int4 layers use in bfloat16;
-- ``pardec_q4::q4q8_mm``: int8 activations (groups of 32, as llama.cpp's Q8_1) through
-  AVX512-VNNI byte dot products, ``--weights q4q8``: faster for a few rows, but further
-  from the full model (docs/weights.md).
+- ``pardec_q4::q4bf16_mm``: bfloat16 activations, AVX512-BF16 dot products; torch's
+  kernel's arithmetic, what int4 layers use in bfloat16;
+- ``pardec_q4::q4q8_mm``: int8 activations in groups of 32 (llama.cpp's Q8_1),
+  AVX512-VNNI; ``--weights q4q8`` only, being further from the full model.
 
-Nothing PyTorch or a maintained library ships for x86 CPUs computes these (torchao's
-PyPI wheels carry CUDA kernels only). The ops are compiled once per machine with torch's
-C++ extension builder (the compiler inductor needs too), into pardec's store: the first
-int4 load on a CPU that runs them starts a detached build (``python -m
-pardec_cli.kernels BUILD_DIR``, about 10-20 s on 2 cores) and goes on with torch's
-kernel, so no run waits for it; later loads take the library in milliseconds.
-``--weights q4q8`` builds it at once where it is missing. A failed build leaves a
-``failed`` file with its reason (`status`, shown by `pardec doctor`), and is not tried
-again in the background. ``PARDEC_KERNELS=0`` keeps pardec to torch's kernels. This
+They are compiled once per machine with torch's C++ extension builder into pardec's
+store. The first int4 load on a CPU that runs them starts a detached build (``python -m
+pardec_cli.kernels BUILD_DIR``) and goes on with torch's kernel, so no run waits; later
+loads take the library in milliseconds. ``--weights q4q8`` builds at once. A failed
+build leaves a ``failed`` file with its reason (`status`; `pardec doctor`) and is not
+retried in the background. ``PARDEC_KERNELS=0`` keeps pardec to torch's kernels. This
 module imports torch only inside its functions.
 """
 

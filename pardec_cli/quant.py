@@ -11,6 +11,9 @@ are stored as integers and dequantized inside the matmul kernel.
   dimension), ``w[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n]`` with g = k //
   group_size, through ``_weight_int4pack_mm_for_cpu`` on CPU and ``_weight_int4pack_mm``
   on CUDA (which packs differently and wants bfloat16 activations).
+- `Int4Records`: the same codes in pardec's own layout, multiplied by pardec's CPU
+  kernels (`pardec_cli.kernels`): bfloat16 activations, or int8 ones for ``--weights
+  q4q8``.
 
 Both are plain `nn.Module`s whose forward calls one aten op, so they run eagerly and
 trace under ``torch.compile`` without graph breaks. `quantize_linears` swaps them into
