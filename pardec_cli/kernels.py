@@ -158,10 +158,13 @@ def build_in_background(directory: Path) -> bool:
         return False
     if _build_running(directory):
         return False
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "build.log", "ab") as log:
-        subprocess.Popen([sys.executable, "-m", "pardec_cli.kernels", str(directory)], stdin=subprocess.DEVNULL,
-                         stdout=log, stderr=log, start_new_session=True, env={**os.environ, "MAX_JOBS": "1"})  # fmt: skip
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "build.log", "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "pardec_cli.kernels", str(directory)], stdin=subprocess.DEVNULL,
+                             stdout=log, stderr=log, start_new_session=True, env={**os.environ, "MAX_JOBS": "1"})  # fmt: skip
+    except OSError:  # a read-only or full store: this run and later ones keep torch's kernel
+        return False
     return True
 
 

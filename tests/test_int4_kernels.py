@@ -323,6 +323,9 @@ def test_a_background_build_starts_once_and_can_be_turned_off(tmp_path: Path, mo
     assert started[0][1:] == ["-m", "pardec_cli.kernels", str(directory)]
     (directory / f"{kernels.LIBRARY}.so").write_bytes(b"")
     assert kernels.build_in_background(directory) is False and kernels.status(directory) == "built"
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    assert kernels.build_in_background(blocked / "int4-x") is False  # a store it cannot write: no build, no error
 
 
 def test_a_library_that_does_not_load_is_removed_to_be_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
