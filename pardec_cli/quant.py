@@ -235,11 +235,10 @@ class Int4Records(nn.Module):
         its scales (beyond 65504, or small enough to lose precision as subnormals)."""
         block = cpu_pack_block()
         n, k = layer.out_features, layer.in_features
-        if (layer.packed.device.type != "cpu" or block is None or n % block or n % RECORD_BLOCK
-                or layer.group_size != RECORD_GROUP or layer.shared_columns is not None):  # fmt: skip
+        if (layer.packed.device.type != "cpu" or block is None or n % block or layer.group_size != RECORD_GROUP
+                or layer.shared_columns is not None):  # fmt: skip
             return None
-        blocks = layer.packed.view(n // block, k, block // 2)
-        q = torch.cat([blocks & 15, blocks >> 4], dim=2).transpose(1, 2).reshape(n, k)
+        q = _cpu_codes(layer.packed, n, k, block)
         sz = layer.scales_and_zeros.float().transpose(0, 1)  # [N, K/g, 2]
         bias = None if layer.bias is None else layer.bias.detach()
         return cls.from_codes(q, sz[..., 0], sz[..., 1] - 8.0 * sz[..., 0], activations=activations, bias=bias)
@@ -326,8 +325,7 @@ def use_records(model: nn.Module, activations: str) -> int:
     swapped = 0
     for name, layer in list(model.named_modules()):
         if isinstance(layer, Int4Linear) and (new := Int4Records.from_int4(layer, activations)) is not None:
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+            _replace(model, name, new)
             swapped += 1
     return swapped
 
@@ -347,10 +345,15 @@ def cpu_pack_block() -> int | None:
     return None
 
 
+def _cpu_codes(packed: torch.Tensor, n: int, k: int, block: int) -> torch.Tensor:
+    """The codes q [n, k] (uint8, 0..15) of CPU-packed bytes [N/B, K, B/2]."""
+    blocks = packed.view(n // block, k, block // 2)
+    return torch.cat([blocks & 15, blocks >> 4], dim=2).transpose(1, 2).reshape(n, k)
+
+
 def _unpack_cpu(packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int, k: int, group: int, block: int) -> torch.Tensor:
     """W [n, k] = (q - 8) * scale + zero from CPU-packed codes [N/B, K, B/2] and [K/g, N, 2]."""
-    blocks = packed.view(n // block, k, block // 2)
-    q = torch.cat([blocks & 15, blocks >> 4], dim=2).transpose(1, 2).reshape(n, k // group, group)
+    q = _cpu_codes(packed, n, k, block).view(n, k // group, group)
     sz = scales_and_zeros.transpose(0, 1)  # [N, K/g, 2]
     return ((q.to(sz.dtype) - 8) * sz[..., :1] + sz[..., 1:]).reshape(n, k)
 
@@ -417,11 +420,15 @@ def quantize_linears(model: nn.Module, mode: str, *, group_size: int = DEFAULT_G
                 new = Int4Linear.from_weight(linear.weight, linear.bias, group_size=group_size)
             else:
                 continue
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, new)
+        _replace(model, name, new)
         replaced += 1
     return replaced
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put `new` where the submodule `name` of `model` is."""
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
 class Int8Head(nn.Module):
@@ -655,10 +662,7 @@ def share_products(model: nn.Module, probe: Callable[[], object]) -> int:
     shared = 0
     for members in groups.values():
         if len(members) > 1:
-            if isinstance(members[0], Int4Records):
-                _share_records(members)
-            else:
-                _share(members)
+            _share(members)
             shared += 1
     return shared
 
@@ -675,26 +679,21 @@ def _share_key(m: nn.Module) -> tuple[object, ...] | None:
     return None
 
 
-def _share_records(members: list[nn.Module]) -> None:
-    blocks = torch.cat([m.blocks for m in members])  # [N_total/16, K/32, 320]: records hold their scales
-    lo = 0
-    for m in members:
-        hi = lo + m.out_features
-        m.blocks = blocks[lo // RECORD_BLOCK:hi // RECORD_BLOCK]
-        m.register_buffer("shared_blocks", blocks)
-        m.shared_columns = (lo, hi)
-        lo = hi
-
-
 def _share(members: list[nn.Module]) -> None:
-    packed = torch.cat([m.packed for m in members])  # [N_total, K/2], blocks of whole rows
-    scales = torch.cat([m.scales_and_zeros for m in members], dim=1)  # [K/g, N_total, 2]
+    """Concatenate a group's weight (`Int4Linear`'s packed rows, `Int4Records`' records of 16
+    outputs) and make each member's a view of it; `Int4Linear` members also get the
+    group's scales beside their own (see `share_products`)."""
+    records = isinstance(members[0], Int4Records)
+    name, rows = ("blocks", RECORD_BLOCK) if records else ("packed", 1)
+    whole = torch.cat([getattr(m, name) for m in members])  # [N_total / rows, ...]
+    scales = None if records else torch.cat([m.scales_and_zeros for m in members], dim=1)  # [K/g, N_total, 2]
     lo = 0
     for m in members:
         hi = lo + m.out_features
-        m.packed = packed[lo:hi]
-        m.register_buffer("shared_packed", packed)
-        m.register_buffer("shared_scales", scales)
+        setattr(m, name, whole[lo // rows:hi // rows])
+        m.register_buffer(f"shared_{name}", whole)
+        if scales is not None:
+            m.register_buffer("shared_scales", scales)
         m.shared_columns = (lo, hi)
         lo = hi
 

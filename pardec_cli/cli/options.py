@@ -10,6 +10,7 @@ import click
 from pardec_cli.cli.completion import complete_model
 from pardec_cli.methods.registry import method_names
 from pardec_cli.planning import AUTO
+from pardec_cli.weight_modes import WEIGHT_MODES
 
 F = Callable[..., Any]
 
@@ -62,7 +63,7 @@ def model_options(f: F) -> F:
         "a CPU with AMX or AVX512-bf16), else float32. Greedy output is bit-exact only in float32.",
     )(f)
     f = click.option(
-        "--weights", default="auto", show_default=True, type=click.Choice(["auto", "full", "int8", "int4", "q4q8"]),
+        "--weights", default="auto", show_default=True, type=click.Choice(WEIGHT_MODES),
         help="How the decoder's weights are held. full: dense, in the --dtype; int8: 8-bit per channel; int4: "
         "4-bit in groups of 32 (fewer bytes read per token, slightly different output); q4q8: int4 weights "
         "by 8-bit activations, as llama.cpp multiplies Q4_1 (CPUs with AVX512-VNNI: 13-30% faster steps, "
