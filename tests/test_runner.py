@@ -306,6 +306,24 @@ def test_a_new_generation_reuses_the_buffers_of_a_finished_one():
     assert runner.new_cache(100).layers[0].keys.data_ptr() == address
 
 
+def test_warming_steps_distinct_tokens_so_a_loaded_graph_is_checked_on_real_logits():
+    """warm's steps are what a loaded graph is first checked on: one token repeated gave
+    degenerate 16-bit logits that failed a good saved graph every run."""
+    model = _model(0, True)
+    steps: list[list[int]] = []
+
+    def recording_compile(fn, **kwargs):
+        def step(model, input_ids, *args):
+            steps.append(input_ids[0].tolist())
+            return fn(model, input_ids, *args)
+
+        return step
+
+    CompiledLanguageModel(model, compile_fn=recording_compile, fixed_shapes=True).warm()
+    assert {len(ids) for ids in steps} == {1, 2, 4, 8, 16, 32, 64}
+    assert all(len(set(ids)) == len(ids) for ids in steps)
+
+
 def test_warming_padded_steps_records_every_shape_a_generation_then_runs():
     """On CUDA a graph is recorded per step shape and per cache buffer: warm(contexts) runs
     each padded row count on the cache capacity of each context, and leaves those buffers
