@@ -125,9 +125,9 @@ def status(directory: Path) -> str:
 
 
 def build(directory: Path) -> None:
-    """Compile the library into `directory` and load it (blocking; one builder at a time;
-    a build that failed before is tried again). A failure writes its reason to
-    ``directory/failed`` and raises."""
+    """Compile the library into `directory` and load it (blocking; one builder at a time:
+    a process that waited for another's build loads that one; a build that failed before
+    is tried again). A failure writes its reason to ``directory/failed`` and raises."""
     from filelock import FileLock
 
     import torch.utils.cpp_extension as cpp
@@ -136,7 +136,7 @@ def build(directory: Path) -> None:
         return
     directory.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory / ".build.lock")):
-        if (directory / f"{LIBRARY}.so").is_file():
+        if load(directory):  # built meanwhile by another process
             return
         (directory / FAILED).unlink(missing_ok=True)
         src = directory / "int4_kernels.cpp"

@@ -289,6 +289,21 @@ def test_the_weights_flag_takes_q4q8_and_says_why_it_cannot(tiny_cli_model: Path
     assert "AVX512-VNNI" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_build_that_waited_for_another_process_s_loads_its_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.utils.cpp_extension as cpp
+
+    def compiling(**kwargs: object) -> None:
+        raise AssertionError("compiled again what another process had built")
+
+    loads: list[Path] = []
+    monkeypatch.setattr(kernels, "loaded", lambda: False)
+    monkeypatch.setattr(kernels, "load", lambda directory: loads.append(directory) or True)
+    monkeypatch.setattr(cpp, "load", compiling)
+    directory = kernels.build_dir(tmp_path)
+    kernels.build(directory)  # the library there, built while this one waited for the lock
+    assert loads == [directory]
+
+
 def test_a_failed_build_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.utils.cpp_extension as cpp
 
