@@ -148,10 +148,10 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
     """How auto's `choice` (a `selection.selector.Choice`) is run, given auto's own knobs
     (`methods.registry.AUTO_OPTIONS`): (method, knobs, lines for --explain).
 
-    With `adapt` on (the default) as method `adaptive`, whose arms are the choice at two
-    sizes (`methods.adaptive.second_arm`: half its size, or a quarter where half verifies
-    for more than 1.5 plain steps; larger where the choice itself verifies that cheaply)
-    and plain decoding (not for a method that drafts only what it rates likely,
+    With `adapt` on (the default) as method `adaptive`, whose arms are the choice at its
+    size and at others (`methods.adaptive.sibling_arms`: half its size, or a quarter where
+    half verifies for more than 1.5 plain steps; larger where the choice itself verifies
+    that cheaply or its method can be dry-run) and plain decoding (not for a method that drafts only what it rates likely,
     `MethodSpec.sure_or_plain`: its unsure steps are plain already): the choice runs
     first and keeps running while it measures fastest. When auto expects nothing to beat plain decoding, plain decoding
     runs first and the best other candidate gets a chance to prove the estimate wrong, at
@@ -161,9 +161,9 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
     depends on measured time, and a sampled reply's tokens on what was drafted, so a
     switching reply would not repeat for its seed.
     """
-    from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, challenger_arm, second_arm
+    from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, challenger_arm, sibling_arms
     from pardec_cli.methods.options import resolve_options
-    from pardec_cli.methods.registry import AUTO_OPTIONS, get_spec
+    from pardec_cli.methods.registry import AUTO_OPTIONS, dry_runs, get_spec
 
     method, knobs = choice.method, dict(choice.knobs)
     adapt = resolve_options(AUTO, AUTO_OPTIONS, options)["adapt"]
@@ -178,7 +178,7 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
             return method, knobs, []
         arms = ["vanilla", challenger_arm(other.method, dict(other.knobs), choice.curve.relative)]
     else:
-        arms = [arm_label(method, knobs), second_arm(method, knobs, choice.curve.relative)]
+        arms = [arm_label(method, knobs), *sibling_arms(method, knobs, choice.curve.relative, dry=dry_runs(method))]
         arms = list(dict.fromkeys(arms))
         if len(arms) < 2 or not all(get_spec(part).sure_or_plain for part in method.split("+")):
             arms.append("vanilla")

@@ -402,13 +402,17 @@ def test_the_challenger_of_plain_decoding_drafts_only_as_much_as_junk_can_cheapl
                                             knobs={"suffix.max_nodes": 16, "recycling.nodes": 16})]
     assert auto_method(choice("vanilla", {}, combined, eager), {})[1]["arms"] == \
         "vanilla | suffix+recycling[recycling.nodes=4,suffix.max_nodes=4]"
-    # A choice's second arm: half its size, or a quarter where half costs over 1.5 steps;
-    # larger where the choice itself costs that little (up to the method's default, 32).
+    # A choice's other arms: half its size, or a quarter where half costs over 1.5 steps;
+    # larger where the choice itself costs that little or its method can be dry-run (up to
+    # the method's default, 32; suffix's idle arms only draft).
     suffix16 = {"max_nodes": 16}
     assert auto_method(choice("suffix", suffix16, curve=FLAT), {})[1]["arms"] == \
         "suffix[max_nodes=16] | suffix[max_nodes=32]"
     assert auto_method(choice("suffix", suffix16, curve=tiles), {})[1]["arms"] == \
-        "suffix[max_nodes=16] | suffix[max_nodes=4]"
+        "suffix[max_nodes=16] | suffix[max_nodes=4] | suffix[max_nodes=32]"
+    # An arm that cannot be dry-run is measured by running it: one smaller arm only.
+    assert auto_method(choice("jacobi", {"window": 8}, curve=tiles), {})[1]["arms"] == \
+        "jacobi[window=8] | jacobi[window=2] | vanilla"
 
 
 def test_a_choice_tune_sized_down_for_this_cpu_can_still_grow_when_the_text_copies_well():
@@ -417,9 +421,11 @@ def test_a_choice_tune_sized_down_for_this_cpu_can_still_grow_when_the_text_copi
     tiles = CostCurve.from_mapping({1: 10.3, 2: 13.4, 4: 14.4, 8: 21.7, 16: 34.4, 32: 55.8}, "measured")
     assert auto_method(choice("pld", {"num_draft": 2}, curve=tiles), {})[1]["arms"] == \
         "pld[num_draft=2] | pld[num_draft=8] | vanilla"
-    # 5 rows cost 1.57 steps there: suffix[4] is not cheap, its second arm is smaller.
+    # 5 rows cost 1.57 steps there: suffix[4] is not cheap; it runs smaller, and larger too,
+    # since its idle arms are dry-run (tune picked suffix[max_nodes=4] on its extraction
+    # prompts; on a copying reply the 16-node arm took over with 12-13 tokens a step).
     assert auto_method(choice("suffix", {"max_nodes": 4}, curve=tiles), {})[1]["arms"] == \
-        "suffix[max_nodes=4] | suffix[max_nodes=2]"
+        "suffix[max_nodes=4] | suffix[max_nodes=2] | suffix[max_nodes=16]"
 
 
 # -- through the CLI ----------------------------------------------------------------------

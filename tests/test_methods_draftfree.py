@@ -306,6 +306,31 @@ def test_suffix_drafts_frequent_continuations_and_remembers_earlier_outputs():
     assert follow.tokens[0] == 52
 
 
+@pytest.mark.parametrize("method", ["suffix", "pld"])
+def test_indexes_catch_up_at_start_and_update_so_that_a_draft_only_reads_them(method):
+    """An idle arm of adaptive drafts now and then, unverified, timed to space its next dry
+    run: a draft that indexed the tokens since the last one (the whole prompt, at first)
+    timed as 50 plain steps' worth and was not tried again within a reply."""
+    env = make_env(_model(0))
+    proposer = registry.create(method, {}, env)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    _start(proposer, prompt)
+    index = proposer.trie if method == "suffix" else proposer.index
+    indexed = []  # tokens newly indexed per call: propose, update, propose
+    if method == "suffix":
+        extend = index.extend
+        index.extend = lambda tokens: (indexed.append(len(tokens)), extend(tokens))
+    else:
+        extend_to = index.extend_to
+        index.extend_to = lambda context: (indexed.append(len(context) - len(index.tokens)), extend_to(context))
+    proposer.propose(prompt, 8)  # the prompt was indexed at start
+    context = [*prompt, 3, 4]
+    proposer.update(context, Draft((3,)), Outcome(1, (0,)))  # the step's tokens are indexed here
+    draft = proposer.propose(context, 8)
+    assert indexed == [0, 2, 0]
+    assert draft.tokens[0] == 1  # "3 4" was followed by 1 in the prompt
+
+
 def test_combined_options_and_errors():
     env = make_env(_model(0))
     combo = registry.create("suffix+recycling", {"recycling.nodes": 5, "depth": 5}, env)

@@ -429,14 +429,22 @@ def cheap_knobs(method: str, knobs: dict[str, Any], relative_cost: Callable[[flo
     return sized_knobs(method, knobs, shares[-1])[0]
 
 
-def second_arm(method: str, knobs: dict[str, Any], relative_cost: Callable[[float], float]) -> str:
-    """The second size auto's choice runs at: smaller (`challenger_arm` over
-    `SMALLER_SHARES`), or, where the choice already verifies for at most
-    `CHALLENGER_MAX_COST` plain steps below its method's default size, `LARGER_SHARE`
-    times larger (up to that default)."""
+def sibling_arms(method: str, knobs: dict[str, Any], relative_cost: Callable[[float], float], *,
+                 dry: bool = False) -> list[str]:  # fmt: skip
+    """The other sizes auto's choice runs at. Smaller (`challenger_arm` over
+    `SMALLER_SHARES`) unless the choice verifies for at most `CHALLENGER_MAX_COST` plain
+    steps; `LARGER_SHARE` times larger (up to its method's default size) where it does,
+    or where the method can be dry-run (`dry`: an idle arm costs a few hundred microseconds
+    of drafting), so that a choice tune sized down on its own prompts can still draft long
+    on text that copies (a code edit)."""
     _, size = sized_knobs(method, knobs, 1.0)
-    if size is not None and relative_cost(1 + size) <= CHALLENGER_MAX_COST:
-        larger, grown = sized_knobs(method, knobs, LARGER_SHARE)
-        if grown is not None and grown > size:
-            return arm_label(method, larger)
-    return challenger_arm(method, knobs, relative_cost, SMALLER_SHARES)
+    cheap = size is not None and relative_cost(1 + size) <= CHALLENGER_MAX_COST
+    arms = []
+    if not cheap:
+        arms.append(challenger_arm(method, knobs, relative_cost, SMALLER_SHARES))
+    larger, grown = sized_knobs(method, knobs, LARGER_SHARE)
+    if size is not None and grown is not None and grown > size and (cheap or dry):
+        arms.append(arm_label(method, larger))
+    if not arms:  # cheap already at its default size: smaller then
+        arms.append(challenger_arm(method, knobs, relative_cost, SMALLER_SHARES))
+    return arms

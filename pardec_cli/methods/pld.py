@@ -112,7 +112,7 @@ class PromptLookup(ProposerBase):
     """Chain drafts copied from the context; no model, no extra memory beyond an index."""
 
     name = "pld"
-    dry_runs = True  # an n-gram lookup; the index catches up at the next propose
+    dry_runs = True  # an n-gram lookup; the index catches up in `start` and `update` (see suffix's)
 
     def __init__(
         self, env: MethodEnv, *, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = PREFER_FIRST,
@@ -138,6 +138,7 @@ class PromptLookup(ProposerBase):
 
     def start(self, ctx: StartContext) -> None:
         self.index = self._new_index()
+        self.index.extend_to(ctx.prompt_ids)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         self.index.extend_to(context)
@@ -151,7 +152,7 @@ class PromptLookup(ProposerBase):
         return builder.draft() if len(builder) else EMPTY_DRAFT
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
-        pass  # the index catches up with the context at the next propose
+        self.index.extend_to(context)
 
     def knobs(self) -> dict[str, Any]:
         return {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "num_draft": self.num_draft, "prefer": self.prefer,

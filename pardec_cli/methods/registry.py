@@ -253,9 +253,18 @@ def create(name: str, options: Mapping[str, Any], env: MethodEnv) -> Proposer:
     if "+" in name:
         return _create_combined(spec, options, env)
     values = resolve_options(name, spec.options, options)
+    return _implementation(spec)(env, **values)
+
+
+def _implementation(spec: MethodSpec) -> Any:
     module_name, class_name = spec.implementation.split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(env, **values)
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def dry_runs(name: str) -> bool:
+    """Whether method `name` (a `+` combination: every part) can be dry-run while idle
+    in adaptive decoding (`Proposer.dry_runs`), so that an extra arm of it costs little."""
+    return all(_implementation(get_spec(part)).dry_runs for part in name.split("+"))
 
 
 def _create_combined(spec: MethodSpec, options: Mapping[str, Any], env: MethodEnv) -> Proposer:

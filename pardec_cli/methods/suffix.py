@@ -150,7 +150,10 @@ class SuffixDrafting(ProposerBase):
     """Tree drafts: the most frequent continuations of the context's longest earlier match."""
 
     name = "suffix"
-    dry_runs = True  # trie walks; the tries catch up at the next propose
+    # Trie walks. The tries catch up in `start` and `update`, not in `propose`: an idle
+    # arm of adaptive that drafted rarely would otherwise pay for every token since its
+    # last draft (the whole prompt, at first) in the dry run that times its drafting.
+    dry_runs = True
 
     def __init__(
         self, env: MethodEnv, *, depth: int, max_match: int, factor: float, max_nodes: int, min_prob: float,
@@ -184,8 +187,8 @@ class SuffixDrafting(ProposerBase):
     def start(self, ctx: StartContext) -> None:
         self._remember_output()
         self.trie = SuffixTrie(self.depth)
-        self._seen = 0
-        self._prompt_length = len(ctx.prompt_ids)
+        self.trie.extend(ctx.prompt_ids)
+        self._seen = self._prompt_length = len(ctx.prompt_ids)
         self._context = ()
         self._reset_gain()
 
@@ -204,10 +207,13 @@ class SuffixDrafting(ProposerBase):
             self.history.add(self._context[self._prompt_length :])
         self._context = ()
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def _catch_up(self, context: Sequence[int]) -> None:
         self._context = context
         self.trie.extend(context[self._seen :])
         self._seen = len(context)
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        self._catch_up(context)
         matches: list[tuple[SuffixTrie, int, int]] = []
         here = self._match_current(context)
         if here is not None:
@@ -266,7 +272,7 @@ class SuffixDrafting(ProposerBase):
         return builder.draft() if len(builder) else EMPTY_DRAFT
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
-        self._context = context
+        self._catch_up(context)
         if self.min_gain > 0 and draft.tokens and self._bucket:
             gain = self._gain[self._bucket]
             kept = float(outcome.accepted)
