@@ -201,6 +201,8 @@ ARM_CASES = [
     "suffix+recycling[recycling.nodes=8,suffix.max_nodes=8] | recycling[nodes=4] | vanilla",
     "lookahead[window=4,guesses=3] | jacobi[window=4] | vanilla",
     "layerskip[layers=1] | draft[model=drafter,k=2] | vanilla",
+    # three proposers over one shared suffix index (`MethodEnv.indexes`)
+    "suffix[max_nodes=8,min_prob=0] | suffix[max_nodes=2] | suffix+recycling[suffix.max_nodes=4,recycling.nodes=4]",
 ]
 
 
@@ -216,6 +218,23 @@ def test_greedy_output_equals_hf_generate_while_switching(arms, sharp, seed):
     assert tokens == hf_greedy(target, prompt, 48)
     assert stats.switches >= 3, "the fake clock must make it switch"
     assert {e.arm for e in events[1:]} == {label for label, _, _ in parse_arms(arms)}
+
+
+def test_suffix_arms_share_one_index_that_remembers_each_output_once():
+    """Each size of suffix would index the same prompt and output again; adaptive's arms
+    see one text, so they share one index. Proposers built apart (a benchmark's methods)
+    do not: one must not copy a prompt's output from another."""
+    target = tiny_llama(0)
+    env = make_env(target)
+    arms = "suffix[max_nodes=8] | suffix[max_nodes=2] | suffix+recycling[suffix.max_nodes=4]"
+    proposer = registry.create("adaptive", {"arms": arms}, env)
+    indexes = {id(arm.index) for arm in proposer.arms[:2]} | {id(proposer.arms[2].parts[0].index)}
+    assert len(indexes) == 1
+    assert registry.create("suffix", {}, env).index is not proposer.arms[0].index
+    first = list(decode(env.target, proposer, random_prompt(0), max_new_tokens=12))
+    list(decode(env.target, proposer, random_prompt(1), max_new_tokens=4))
+    history = proposer.arms[0].history
+    assert history.tokens == sum(len(e.tokens) for e in first)  # the first reply, once
 
 
 @pytest.mark.parametrize("limit", [1, 5, 13])

@@ -243,7 +243,8 @@ class Adaptive(ProposerBase):
         if any(method == self.name for _, method, _ in specs):
             raise PardecUsageError("an arm of adaptive cannot be adaptive itself")
         self.labels = [label for label, _, _ in specs]
-        self.arms: list[Proposer] = [create(method, knobs, env) for _, method, knobs in specs]
+        shared = replace(env, indexes={})  # the arms see one text: they may share its indexes
+        self.arms: list[Proposer] = [create(method, knobs, shared) for _, method, knobs in specs]
         self._arm_needs = [arm.needs() for arm in self.arms]
         layers = {n.feature_layers for n in self._arm_needs if n.feature_layers}
         if len(layers) > 1:

@@ -20,7 +20,10 @@ class MethodEnv:
     kind for the target, or None; `heads_notes(folder)` what pardec noted about heads it
     trained in `folder` (their own draft vocabulary; empty for published heads). All
     three are injected by the session layer so methods never touch the store.
-    `model_name` names the target in messages.
+    `model_name` names the target in messages. `indexes`, where set, holds the text
+    indexes that proposers built from this env share, keyed by what they index
+    (adaptive's arms see one text: one suffix trie serves every size of suffix); None:
+    each proposer keeps its own.
     """
 
     target: LanguageModel
@@ -29,6 +32,7 @@ class MethodEnv:
     find_heads: Callable[[str], Path | None] | None = None
     model_name: str = "the model"
     heads_notes: Callable[[Path], Mapping[str, Any]] | None = None
+    indexes: dict[Any, Any] | None = None
 
 
 class ProposerBase:

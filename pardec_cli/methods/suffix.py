@@ -146,6 +146,41 @@ class History:
         self.trie.extend(output)
 
 
+class SuffixIndex:
+    """What suffix drafting reads: this generation's trie (prompt and output so far) and
+    the earlier outputs' `History`. One per proposer, or one for every suffix proposer
+    built from a `MethodEnv` with `indexes` (adaptive's arms: each size of suffix would
+    otherwise index the same text again, at O(depth) per token)."""
+
+    def __init__(self, depth: int, history_tokens: int) -> None:
+        self.depth = depth
+        self.history = History(depth, history_tokens) if history_tokens else None
+        self.trie = SuffixTrie(depth)
+        self.seen = 0  # context tokens added to the trie
+        self.prompt_length = 0
+        self.context: Sequence[int] = ()
+        self._started: StartContext | None = None
+
+    def start(self, ctx: StartContext) -> None:
+        """A new generation: the last one's output joins the history, the prompt is indexed
+        (once, however many proposers share this index)."""
+        if ctx is self._started:
+            return
+        self._started = ctx
+        if self.history is not None and len(self.context) > self.prompt_length:
+            self.history.add(self.context[self.prompt_length :])
+        self.trie = SuffixTrie(self.depth)
+        self.trie.extend(ctx.prompt_ids)
+        self.seen = self.prompt_length = len(ctx.prompt_ids)
+        self.context = ()
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        """Index the tokens of `context` not indexed yet."""
+        self.context = context
+        self.trie.extend(context[self.seen :])
+        self.seen = len(context)
+
+
 class SuffixDrafting(ProposerBase):
     """Tree drafts: the most frequent continuations of the context's longest earlier match."""
 
@@ -175,21 +210,24 @@ class SuffixDrafting(ProposerBase):
             raise PardecUsageError(f"suffix needs min_gain >= 0, got {min_gain}")
         self.min_gain = min_gain
         self._reset_gain()
-        del env
-        # Not shared between proposers: a benchmark running several methods on one prompt
-        # must not let one copy that prompt's output from another.
-        self.history = History(depth, history_tokens) if history_tokens else None
-        self.trie = SuffixTrie(depth)
-        self._seen = 0  # context tokens added to the trie
-        self._prompt_length = 0
-        self._context: Sequence[int] = ()
+        # Shared only where the env says so (adaptive's arms, which see the same text): a
+        # benchmark running several methods on one prompt must not let one copy that
+        # prompt's output from another.
+        key = ("suffix", depth, history_tokens)
+        shared = env.indexes
+        self.index = shared.setdefault(key, SuffixIndex(depth, history_tokens)) if shared is not None else \
+            SuffixIndex(depth, history_tokens)
+
+    @property
+    def trie(self) -> SuffixTrie:
+        return self.index.trie
+
+    @property
+    def history(self) -> History | None:
+        return self.index.history
 
     def start(self, ctx: StartContext) -> None:
-        self._remember_output()
-        self.trie = SuffixTrie(self.depth)
-        self.trie.extend(ctx.prompt_ids)
-        self._seen = self._prompt_length = len(ctx.prompt_ids)
-        self._context = ()
+        self.index.start(ctx)
         self._reset_gain()
 
     def _reset_gain(self) -> None:
@@ -201,19 +239,8 @@ class SuffixDrafting(ProposerBase):
         self._gated = [0] * (GAIN_BUCKETS + 1)
         self._bucket = 0
 
-    def _remember_output(self) -> None:
-        """Add the previous generation's output to the history (at the next start)."""
-        if self.history is not None and len(self._context) > self._prompt_length:
-            self.history.add(self._context[self._prompt_length :])
-        self._context = ()
-
-    def _catch_up(self, context: Sequence[int]) -> None:
-        self._context = context
-        self.trie.extend(context[self._seen :])
-        self._seen = len(context)
-
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
-        self._catch_up(context)
+        self.index.catch_up(context)
         matches: list[tuple[SuffixTrie, int, int]] = []
         here = self._match_current(context)
         if here is not None:
@@ -272,7 +299,7 @@ class SuffixDrafting(ProposerBase):
         return builder.draft() if len(builder) else EMPTY_DRAFT
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
-        self._catch_up(context)
+        self.index.catch_up(context)
         if self.min_gain > 0 and draft.tokens and self._bucket:
             gain = self._gain[self._bucket]
             kept = float(outcome.accepted)
