@@ -213,10 +213,8 @@ class SuffixDrafting(ProposerBase):
         # Shared only where the env says so (adaptive's arms, which see the same text): a
         # benchmark running several methods on one prompt must not let one copy that
         # prompt's output from another.
-        key = ("suffix", depth, history_tokens)
-        shared = env.indexes
-        self.index = shared.setdefault(key, SuffixIndex(depth, history_tokens)) if shared is not None else \
-            SuffixIndex(depth, history_tokens)
+        own = SuffixIndex(depth, history_tokens)
+        self.index = own if env.indexes is None else env.indexes.setdefault(("suffix", depth, history_tokens), own)
 
     @property
     def trie(self) -> SuffixTrie:
