@@ -153,9 +153,11 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
     half verifies for more than 1.5 plain steps; larger where the choice itself verifies
     that cheaply or its method can be dry-run) and plain decoding (not for a method that drafts only what it rates likely,
     `MethodSpec.sure_or_plain`: its unsure steps are plain already): the choice runs
-    first and keeps running while it measures fastest. When auto expects nothing to beat plain decoding, plain decoding
-    runs first and the best other candidate gets a chance to prove the estimate wrong, at
-    a size whose junk drafts cost little (both sizes: `methods.adaptive.challenger_arm`).
+    first and keeps running while it measures fastest. When auto expects nothing to beat
+    plain decoding by adaptive's `margin` (5%), plain decoding runs first and the best other
+    candidate (the choice, where it was expected to gain less than that) gets a chance to
+    prove the estimate wrong, at a size whose junk drafts cost little (both sizes:
+    `methods.adaptive.challenger_arm`).
 
     `repeatable` (a sampled reply with a seed): `adapt` is off unless given. Which arm drafts
     depends on measured time, and a sampled reply's tokens on what was drafted, so a
@@ -172,8 +174,12 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
                                "repeats it (switching depends on measured time; -O adapt=on switches anyway)"]
     if not adapt:
         return method, knobs, []
-    if method == "vanilla":
-        other = next((e for e in choice.ranking if e.method != "vanilla"), None)
+    # A choice expected to gain less than the margin an arm must win by to take over
+    # starts behind plain decoding, as its challenger: it must prove that margin here.
+    margin = next(o.default for o in get_spec("adaptive").options if o.name == "margin")
+    slim = method != "vanilla" and choice.estimate.score < 1 + margin
+    if method == "vanilla" or slim:
+        other = choice.estimate if slim else next((e for e in choice.ranking if e.method != "vanilla"), None)
         if other is None:
             return method, knobs, []
         arms = ["vanilla", challenger_arm(other.method, dict(other.knobs), choice.curve.relative)]
@@ -182,9 +188,12 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
         arms = list(dict.fromkeys(arms))
         if len(arms) < 2 or not all(get_spec(part).sure_or_plain for part in method.split("+")):
             arms.append("vanilla")
-    line = (f"adapt     while decoding, switch among {', '.join(arms)} by measured tokens/s "
-            f"(-O adapt=off keeps {arm_label(method, knobs)})")
-    return "adaptive", {"arms": f" {ARM_SEPARATOR} ".join(arms)}, [line]
+    lines = [f"adapt     while decoding, switch among {', '.join(arms)} by measured tokens/s "
+             f"(-O adapt=off keeps {arm_label(method, knobs)})"]
+    if slim:
+        lines.append(f"adapt     plain decoding first: {arm_label(method, knobs)} is expected at "
+                     f"{choice.estimate.score:.2f}x, within the {margin:.0%} an arm must win by")
+    return "adaptive", {"arms": f" {ARM_SEPARATOR} ".join(arms)}, lines
 
 
 def profile_settings(settings: Settings, profile: Any, user_set: Collection[str],

@@ -374,8 +374,9 @@ def test_arms_are_the_choice_at_two_sizes_then_plain_decoding_unless_unsure_step
 FLAT = CostCurve.from_mapping({1: 10.0, 64: 12.0}, "a GPU: 64 tokens verify for 1.2x one")
 
 
-def choice(method, knobs, ranking=(), curve=FLAT):
-    return SimpleNamespace(method=method, knobs=knobs, ranking=tuple(ranking), curve=curve)
+def choice(method, knobs, ranking=(), curve=FLAT, score=1.5):
+    estimate = SimpleNamespace(method=method, knobs=knobs, score=score if method != "vanilla" else 1.0)
+    return SimpleNamespace(method=method, knobs=knobs, ranking=tuple(ranking), curve=curve, estimate=estimate)
 
 
 def test_auto_runs_its_choice_adaptively_unless_adapt_is_off():
@@ -403,6 +404,18 @@ def test_when_auto_expects_nothing_to_pay_plain_decoding_runs_first_and_the_best
     ranking = [SimpleNamespace(method="vanilla", knobs={}), SimpleNamespace(method="pld", knobs={"num_draft": 4})]
     assert auto_method(choice("vanilla", {}, ranking), {})[:2] == ("adaptive", {"arms": "vanilla | pld[num_draft=4]"})
     assert auto_method(choice("vanilla", {}, ranking[:1]), {})[:2] == ("vanilla", {})
+
+
+def test_a_choice_expected_to_gain_less_than_the_switching_margin_starts_behind_plain_decoding():
+    """Tune measured suffix[max_nodes=2] at 1.02x on its chat prompts; run first, with no
+    plain arm (its unsure steps are plain), it drafted junk 2-node steps on math, qa and
+    reasoning where auto untuned ran plain decoding first and was faster. An arm must win
+    by the margin (5%) to take over; a choice expected to win by less must prove it too."""
+    method, knobs, lines = auto_method(choice("suffix", {"max_nodes": 2}, score=1.02), {})
+    assert knobs["arms"] == "vanilla | suffix[max_nodes=2]"
+    assert lines[1] == "adapt     plain decoding first: suffix[max_nodes=2] is expected at 1.02x, within the 5% an arm must win by"
+    assert auto_method(choice("suffix", {"max_nodes": 2}, score=1.06), {})[1]["arms"] == \
+        "suffix[max_nodes=2] | suffix[max_nodes=8]"
 
 
 def test_the_challenger_of_plain_decoding_drafts_only_as_much_as_junk_can_cheaply_cost():
