@@ -142,7 +142,7 @@ def find_model(spec: str | None) -> tuple[str, Path | None, str | None]:
     return name, local_path(name), repo
 
 
-def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
+def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> dict[str, Any]:
     """For one model: its size, accelerators, tuned results, and auto's pick per profile."""
     from pardec_cli.selection.costmodel import ModelShape
     from pardec_cli.selection.profiles import load_profiles
@@ -175,13 +175,13 @@ def auto_report(spec: str | None, hardware: Any) -> dict[str, Any]:
         "curve": tuned.curve.to_dict() if tuned.curve else None,
     }
     report["notes"] = list(notes)
-    # What a default `pardec gen` of a short reply runs: --weights auto, eager steps.
+    # What `pardec gen --weights WEIGHTS` of a short reply runs: eager steps.
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
-    weights = resolve_weights("auto", dtype=hardware.dtype, device=hardware.device,
-                              stored="q4" if is_quantized_dir(path) else None)  # fmt: skip
-    step = step_kind(hardware.dtype, weights, compiled=False)
+    held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device,
+                           stored="q4" if is_quantized_dir(path) else None)  # fmt: skip
+    step = step_kind(hardware.dtype, held, compiled=False)
     usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (
         "off (learn = false in config.toml, or PARDEC_LEARN=0)" if usage is None else
@@ -306,7 +306,10 @@ def weight_bytes(model: Any) -> int:
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     embedding = get_in() if get_in else None
     output = get_out() if get_out else None
-    # An Int8Head multiplies through its int8 copy (a buffer), not the tied dense weight.
+    # An Int8Head multiplies through its int8 copy (a buffer); its dense weight, when not the
+    # tied embedding (handled below), is there for readers of get_output_embeddings() only.
+    if isinstance(output, Int8Head) and (embedding is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
+        total -= output.weight.untyped_storage().nbytes()
     if embedding is None:
         return total
     head_reads_it = output is not None and not isinstance(output, Int8Head) and \
@@ -330,7 +333,8 @@ def one_token_forward_ms(session: Any, *, context_tokens: int = FLOOR_CONTEXT_TO
     return curve.base_ms, len(context)
 
 
-def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, compile: str = "off") -> dict[str, Any]:
+def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, compile: str = "off",
+                 weights: str = "auto") -> dict[str, Any]:  # fmt: skip
     """Memory bandwidth of the device, and for the model `spec` (as `auto_report` found it,
     in `model`): weight bytes, the bandwidth floor of one forward, the measured forward.
 
@@ -356,16 +360,19 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
     from pardec_cli.session import Session
 
     try:
-        session = Session.load(spec, dtype=hardware.dtype, device=hardware.device, offline=True, compile=compile)
+        session = Session.load(spec, dtype=hardware.dtype, device=hardware.device, offline=True, compile=compile,
+                               weights=weights)  # fmt: skip
         session.target.warm()  # the compiled runner compiles here, not inside the measured forward
     except PardecError as exc:
         report["problem"] = f"cannot load {model['name']}: {exc.message}"
         return report
-    weights = weight_bytes(session.target.model)
-    floor = bandwidth_floor_ms(weights, bandwidth)
+    read = weight_bytes(session.target.model)
+    floor = bandwidth_floor_ms(read, bandwidth)
     forward, context = one_token_forward_ms(session)
-    copy_floor = bandwidth_floor_ms(weights, copy)
-    report.update(dtype=session.dtype, compiled=session.compiled, weight_bytes=weights, floor_ms=round(floor, 3), forward_ms=round(forward, 3),
+    copy_floor = bandwidth_floor_ms(read, copy)
+    from pardec_cli.quant import kernel_suffix
+
+    report.update(dtype=session.dtype, weights=session.weights + kernel_suffix(session.target.model), compiled=session.compiled, weight_bytes=read, floor_ms=round(floor, 3), forward_ms=round(forward, 3),
                   context_tokens=context, multiple=round(floor_multiple(forward, floor), 2),
                   copy_floor_ms=round(copy_floor, 3), copy_multiple=round(floor_multiple(forward, copy_floor), 2))
     return report

@@ -15,7 +15,7 @@ samples (temperature above 0, as the chat profile does), the model's own recomme
 settings (`recommended_sampling`: its generation_config.json) replace the profile's
 generic temperature, top_p and top_k; the method is the one given, or auto's choice for
 the text, the profile and greedy or sampled decoding, run by default as method
-`adaptive` over the choice at two sizes and plain decoding (`auto_method`; `-O
+`adaptive` over the choice at a few sizes and plain decoding (`auto_method`; `-O
 adapt=off` keeps the choice). Torch-free until a selector is built.
 """
 

@@ -56,6 +56,18 @@ def test_a_tied_head_on_int8_counts_its_int8_copy_and_not_the_dense_embedding():
     assert weight_bytes(model) == tied - 96 * 32 * 4 + 96 * 32 + 96 * 4 + 32 * 4 + zero_point
 
 
+def test_an_untied_head_on_int8_counts_its_int8_copy_and_not_its_dense_weight():
+    """Llama-3-style untied heads keep their dense weight for readers of
+    get_output_embeddings(); a decoding step reads only the int8 copy."""
+    from pardec_cli.quant import quantize_head
+
+    model = tiny_llama(vocab=96, layers=2, hidden=32)  # untied
+    untied = weight_bytes(model)
+    assert quantize_head(model)
+    zero_point = 8 if hasattr(model.get_output_embeddings(), "packed") else 0
+    assert weight_bytes(model) == untied - 96 * 32 * 4 + 96 * 32 + 96 * 4 + 32 * 4 + zero_point
+
+
 def test_weight_bytes_follow_the_dtype():
     model = tiny_llama(vocab=96, layers=2, hidden=32)
     fp32 = weight_bytes(model)
@@ -89,7 +101,7 @@ def test_doctor_prints_the_floor_of_the_model_and_the_forward_against_it(tiny_cl
     memory, weights, floor, forward = lines[start + 1: start + 5]
     assert memory.startswith("  memory        10.0 GB/s read on cpu (read test")
     assert memory.endswith("a copy test moves 20.0 GB/s, read + written)")
-    assert weights.startswith("  weights       ") and weights.endswith("MB read by one forward (float32, eager step)")
+    assert weights.startswith("  weights       ") and weights.endswith("MB read by one forward (float32, full weights, eager step)")
     assert floor.startswith("  floor         ") and floor.endswith("ms per forward (weights / read bandwidth)")
     assert forward.startswith("  forward       ") and "ms for one token over a 300-token context: " in forward
     assert forward.endswith("x one at the copy test's rate)")
@@ -108,6 +120,20 @@ def test_doctor_json_floor_is_consistent(tiny_cli_model, bandwidth_10gbs):
     assert floor["forward_ms"] > 0 and floor["context_tokens"] == 300
     assert floor["multiple"] == pytest.approx(floor["forward_ms"] / floor["floor_ms"], rel=1e-2)
     assert floor["copy_floor_ms"] == pytest.approx(floor["floor_ms"] / 2, rel=1e-2)  # 20 GB/s copied
+
+
+def test_doctor_measures_the_floor_with_the_weights_asked_for(tiny_cli_model, bandwidth_10gbs):
+    """Issue 16's floor target is for bf16 and int8 weights, gen's default on a CPU is int4:
+    --weights says which one the floor and the forward are measured with."""
+    floors = {}
+    for weights in ("full", "int8"):
+        result = invoke(["doctor", "-m", str(tiny_cli_model), "--dtype", "float32", "--weights", weights, "--json"])
+        assert result.exit_code == 0, result.stderr
+        floors[weights] = json.loads(result.stdout)["floor"]
+    assert floors["full"]["weights"] == "full" and floors["int8"]["weights"] == "int8"
+    assert floors["int8"]["weight_bytes"] < floors["full"]["weight_bytes"]
+    bad = invoke(["doctor", "-m", str(tiny_cli_model), "--weights", "int3"])
+    assert bad.exit_code == 2 and "int3" in bad.stderr
 
 
 def test_doctor_no_measure_leaves_the_floor_out(tiny_cli_model, bandwidth_10gbs):

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from pardec_cli.cli.completion import complete_model
+from pardec_cli.weight_modes import WEIGHT_MODES
 
 
 def _gib(n: int | None) -> str:
@@ -32,8 +33,11 @@ def _params(n: int | None) -> str:
 @click.option("--compile", "compile", type=click.Choice(["off", "on"]), default="off", show_default=True,
               help="Measure the forward of the compiled runner (--compile on: compiles first, tens of seconds) "
               "instead of the eager one.")
+@click.option("--weights", default="auto", show_default=True, type=click.Choice(WEIGHT_MODES),
+              help="As for pardec gen: the weights MODEL's floor and forward are measured with, and auto's "
+              "picks shown for (auto: what gen uses).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def doctor(model: str | None, device: str, dtype: str, measure: bool, compile: str, as_json: bool) -> None:
+def doctor(model: str | None, device: str, dtype: str, measure: bool, compile: str, weights: str, as_json: bool) -> None:
     """Show the hardware, versions, models and accelerators pardec sees, what
     --method auto would pick for each task profile with MODEL (and why: tuned
     measurements or profile priors), and how far MODEL's decoding step is from the
@@ -58,10 +62,11 @@ def doctor(model: str | None, device: str, dtype: str, measure: bool, compile: s
         "models": report_lib.models(),
         "profiles": report_lib.profiles_report(),
         "vllm": report_lib.vllm_report(),
-        "model": report_lib.auto_report(model, hardware),
+        "model": report_lib.auto_report(model, hardware, weights=weights),
         "compiled": report_lib.compiled_runner_report(),
     }
-    report["floor"] = report_lib.floor_report(model, hardware, report["model"], compile=compile) if measure else None
+    report["floor"] = report_lib.floor_report(model, hardware, report["model"], compile=compile, weights=weights) \
+        if measure else None
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -120,7 +125,7 @@ def _floor_lines(floor: dict[str, Any], name: str) -> list[str]:
     if floor.get("problem"):
         return [*lines, f"  {floor['problem']}"]
     lines.append(f"  weights       {floor['weight_bytes'] / 1e6:.1f} MB read by one forward ({floor['dtype']}, "
-                 f"{'compiled' if floor.get('compiled') else 'eager'} step)")
+                 f"{floor['weights']} weights, {'compiled' if floor.get('compiled') else 'eager'} step)")
     lines.append(f"  floor         {floor['floor_ms']:.2f} ms per forward (weights / read bandwidth)")
     lines.append(f"  forward       {floor['forward_ms']:.2f} ms for one token over a {floor['context_tokens']}-token "
                  f"context: {floor['multiple']:.2f}x the floor ({floor['copy_multiple']:.2f}x one at the copy test's rate)")

@@ -50,9 +50,9 @@ STALE = 0.25
 #: See `challenger_arm`: the challenger of plain decoding, and the smaller arm of a choice.
 CHALLENGER_SHARES = (1.0, 0.5, 0.25)
 SMALLER_SHARES = (0.5, 0.25)
-#: A choice already sized to verify cheaply (tune measured `pld[num_draft=2]` fastest on
-#: its prompts) gets a bigger second arm instead, up to the method's default size: text
-#: that turns out to copy well (a code edit) pays for the longer drafts.
+#: A choice that verifies cheaply, or whose method can be dry-run, also runs this many
+#: times larger, up to the method's default size (`sibling_arms`): text that turns out to
+#: copy well (a code edit) pays for the longer drafts tune's own prompts did not.
 LARGER_SHARE = 4.0
 CHALLENGER_MAX_COST = 1.5
 

@@ -45,7 +45,7 @@ class MethodSpec:
     size_option: str | None = None
     # Drafts only what it rates likely (suffix: branches of at least min_prob) and nothing
     # otherwise, so its steps without a likely continuation are plain decoding's already:
-    # auto's adaptive runs it at two sizes without a plain-decoding arm, which on
+    # auto's adaptive runs it at its sizes without a plain-decoding arm, which on
     # retrieval text missed the short copy bursts (docs/adaptive.md).
     sure_or_plain: bool = False
 
@@ -199,7 +199,7 @@ METHODS: dict[str, MethodSpec] = {
             "pardec_cli.methods.adaptive:Adaptive",
             (
                 MethodOption("arms", str, "", "the configurations, 'METHOD[KNOB=VALUE,...] | ...' (auto: its choice "
-                             "at two sizes | vanilla)"),
+                             "at two or three sizes | vanilla)"),
                 MethodOption("dwell", int, 8, "steps the fastest arm runs between decisions"),
                 MethodOption("probe", int, 3, "steps another arm runs to be measured"),
                 MethodOption("reprobe", int, 40, "steps after which an idle arm is measured again (4x for arms scored by dry runs)"),
@@ -211,7 +211,7 @@ METHODS: dict[str, MethodSpec] = {
 
 # `--method auto`'s own knobs (-O adapt=off): what it does with its choice.
 AUTO_OPTIONS = (
-    MethodOption("adapt", bool, True, "check the choice while decoding: switch between it at two sizes and plain "
+    MethodOption("adapt", bool, True, "check the choice while decoding: switch between it at a few sizes and plain "
                  "decoding by measured tokens/s (method adaptive); off: keep the choice for the whole reply"),
 )
 
