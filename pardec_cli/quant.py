@@ -431,6 +431,67 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
+class PackedLinear(nn.Module):
+    """A dense bfloat16 linear layer on oneDNN's prepacked copy of its weight: for the
+    few rows of a decoding step it reads the weight faster than ``nn.functional.linear``
+    (the compiled step's ``mm``), with the same products (checked when packed;
+    docs/weights.md has the measurements). The packed copy replaces the dense weight."""
+
+    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None, *, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("packed", packed)  # opaque oneDNN tensor, [N, K] bfloat16
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> PackedLinear | None:
+        """The packed layer, or None where this torch or CPU cannot pack it or its products
+        differ from ``nn.functional.linear``'s (probed on 1 and 5 rows)."""
+        weight = linear.weight.detach()
+        if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+            return None
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+            bias = None if linear.bias is None else linear.bias.detach()
+            for rows in (1, 5):
+                probe = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(rows)).to(weight.dtype)
+                got = onednn_linear(probe, packed, bias)
+                if not torch.equal(got, nn.functional.linear(probe, weight, bias)):
+                    return None
+        except (RuntimeError, AttributeError, NotImplementedError):
+            return None
+        return cls(packed, bias, in_features=weight.shape[1], out_features=weight.shape[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = onednn_linear(x.reshape(-1, self.in_features), self.packed, self.bias)  # [rows, N]
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+@torch.library.custom_op("pardec::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + bias`` for `x` [M, K] and `packed`, oneDNN's prepacked W [N, K]
+    (`PackedLinear`). An opaque op for the reason `onednn_int8_mm` is one: inductor's own
+    lowering of ``mkldnn._linear_pointwise`` wants the packed weight as a frozen constant."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((x.shape[0], packed.shape[0]))
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Put the decoder's dense bfloat16 nn.Linear layers on CPU on oneDNN's prepacked
+    weights (`PackedLinear`) in place, where their products stay the same; return how many."""
+    packed = 0
+    for name, linear in list(decoder_linears(model)):
+        new = PackedLinear.from_linear(linear)
+        if new is not None:
+            _replace(model, name, new)
+            packed += 1
+    return packed
+
+
 class Int8Head(nn.Module):
     """The output head's logits on int8 x int8 products, exact per row.
 

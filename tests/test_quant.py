@@ -457,3 +457,49 @@ def test_an_embedded_copy_expanded_by_an_earlier_pardec_is_converted_again_once(
     assert layout.read_marker(path)["stored"] == "gguf-blocks" and (path / "pardec-quant.json").is_file()
     monkeypatch.setattr(gguf_import, "_convert", lambda *a, **k: pytest.fail("converted twice"))
     assert embedded.ensure_embedded_model() == path
+
+
+# -- dense bfloat16 layers on oneDNN's prepacked weights -------------------------------
+
+needs_packing = pytest.mark.skipif(
+    quant.PackedLinear.from_linear(nn.Linear(64, 32).bfloat16()) is None,
+    reason="this torch or CPU cannot prepack bfloat16 linears with oneDNN",
+)
+
+
+@needs_packing
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_packed_linear_gives_exactly_the_dense_products(bias) -> None:
+    torch.manual_seed(0)
+    dense = nn.Linear(96, 48, bias=bias).bfloat16()
+    packed = quant.PackedLinear.from_linear(dense)
+    assert packed is not None and not hasattr(packed, "weight")  # the packed copy replaces the dense weight
+    for shape in [(1, 96), (5, 96), (2, 3, 96), (70, 96)]:
+        x = torch.randn(*shape).bfloat16()
+        assert torch.equal(packed(x), dense(x)), shape
+
+
+def test_a_linear_that_cannot_be_packed_stays_dense() -> None:
+    assert quant.PackedLinear.from_linear(nn.Linear(64, 32)) is None  # float32: torch's own kernels
+    model = tiny_llama(0)
+    assert quant.pack_linears(model) == 0 and quant.weights_label(model) == "full"
+
+
+@needs_packing
+def test_packed_decoder_layers_decode_as_the_dense_model_eager_and_compiled() -> None:
+    """Same products, so the same tokens; the head stays dense (tied embedding readers)."""
+    dense = tiny_llama(3).bfloat16()
+    prompt = random_prompt(3, 12)
+    want, _ = run("vanilla", {}, dense, prompt, max_new_tokens=16)
+    model = tiny_llama(3).bfloat16()
+    assert quant.pack_linears(model) == 4 * 7  # four layers' q, k, v, o, gate, up, down
+    assert isinstance(model.lm_head, nn.Linear) and quant.weights_label(model) == "full"
+    assert run("vanilla", {}, model, prompt, max_new_tokens=16)[0] == want
+    ids = torch.tensor([prompt])
+    torch._dynamo.reset()
+    try:  # an opaque op: inductor must not need the packed weight as a frozen constant
+        compiled = torch.compile(model, fullgraph=True)
+        with torch.no_grad():  # inductor fuses the bfloat16 elementwise work in float32: close, not equal
+            assert torch.allclose(compiled(ids).logits, model(ids).logits, atol=0.02)
+    finally:
+        torch._dynamo.reset()

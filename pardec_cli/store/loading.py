@@ -189,7 +189,8 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pardec_cli.quant import quantize_head, quantize_linears, share_products, use_records
+    from pardec_cli.hardware import cpu_info
+    from pardec_cli.quant import pack_linears, quantize_head, quantize_linears, share_products, use_records
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
@@ -251,6 +252,8 @@ def load_model(
         quantize_linears(model, mode)
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
         quantize_head(model)
+    elif device == "cpu" and dtype == "bfloat16" and cpu_info().has_fast_bf16:  # dense layers on oneDNN's packing
+        pack_linears(model)
     model.eval()
     if records is not None:  # layers quantized here rather than read as codes
         use_records(model, records)
