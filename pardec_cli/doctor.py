@@ -370,9 +370,7 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
     floor = bandwidth_floor_ms(read, bandwidth)
     forward, context = one_token_forward_ms(session)
     copy_floor = bandwidth_floor_ms(read, copy)
-    from pardec_cli.quant import kernel_suffix
-
-    report.update(dtype=session.dtype, weights=session.weights + kernel_suffix(session.target.model), compiled=session.compiled, weight_bytes=read, floor_ms=round(floor, 3), forward_ms=round(forward, 3),
+    report.update(dtype=session.dtype, weights=session.held_weights, compiled=session.compiled, weight_bytes=read, floor_ms=round(floor, 3), forward_ms=round(forward, 3),
                   context_tokens=context, multiple=round(floor_multiple(forward, floor), 2),
                   copy_floor_ms=round(copy_floor, 3), copy_multiple=round(floor_multiple(forward, copy_floor), 2))
     return report

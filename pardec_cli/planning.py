@@ -176,7 +176,7 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
         return method, knobs, []
     # A choice expected to gain less than the margin an arm must win by to take over
     # starts behind plain decoding, as its challenger: it must prove that margin here.
-    margin = next(o.default for o in get_spec("adaptive").options if o.name == "margin")
+    margin = resolve_options("adaptive", get_spec("adaptive").options, {})["margin"]
     slim = method != "vanilla" and choice.estimate.score < 1 + margin
     if method == "vanilla" or slim:
         other = choice.estimate if slim else next((e for e in choice.ranking if e.method != "vanilla"), None)

@@ -252,14 +252,21 @@ class Session:
         return isinstance(self.target, CompiledLanguageModel)
 
     @property
+    def held_weights(self) -> str:
+        """How the weights are held and multiplied: `weights`, with "+pardec" where int4
+        layers run pardec's own kernel ("int4+pardec")."""
+        from pardec_cli.quant import kernel_suffix
+
+        return self.weights + kernel_suffix(self.target.model)
+
+    @property
     def step_kind(self) -> str:
         """What one decoding step is here, for what its cost depends on (learning from use
         keeps the kinds apart): "bfloat16/int4/compiled", "bfloat16/int4+pardec/compiled"
         (pardec's own int4 kernel)."""
-        from pardec_cli.quant import kernel_suffix
         from pardec_cli.selection.learned import step_kind
 
-        return step_kind(self.dtype, self.weights + kernel_suffix(self.target.model), self.compiled)
+        return step_kind(self.dtype, self.held_weights, self.compiled)
 
     def heads_key(self) -> str:
         """The folder name of this model's trained heads in pardec's store."""

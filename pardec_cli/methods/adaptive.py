@@ -440,12 +440,8 @@ def sibling_arms(method: str, knobs: dict[str, Any], relative_cost: Callable[[fl
     on text that copies (a code edit)."""
     _, size = sized_knobs(method, knobs, 1.0)
     cheap = size is not None and relative_cost(1 + size) <= CHALLENGER_MAX_COST
-    arms = []
-    if not cheap:
-        arms.append(challenger_arm(method, knobs, relative_cost, SMALLER_SHARES))
     larger, grown = sized_knobs(method, knobs, LARGER_SHARE)
-    if size is not None and grown is not None and grown > size and (cheap or dry):
-        arms.append(arm_label(method, larger))
-    if not arms:  # cheap already at its default size: smaller then
-        arms.append(challenger_arm(method, knobs, relative_cost, SMALLER_SHARES))
-    return arms
+    grows = size is not None and grown is not None and grown > size and (cheap or dry)
+    # A cheap choice that grows needs no smaller arm; one at its default size still gets it.
+    arms = [] if cheap and grows else [challenger_arm(method, knobs, relative_cost, SMALLER_SHARES)]
+    return [*arms, arm_label(method, larger)] if grows else arms
