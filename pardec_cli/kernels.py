@@ -35,8 +35,11 @@ SOURCE = "data/int4_kernels.cpp"
 BASE_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c", "fma")
 OP_FLAGS = {"bfloat16": "avx512_bf16", "int8": "avx512_vnni"}
 #: The whole library's compiler flags; each op's own instructions are target attributes
-#: of its functions, so the library loads on any AVX512 CPU.
-CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mf16c", "-mfma")
+#: of its functions, so the library loads on any AVX512 CPU. Without -fopenmp,
+#: `at::parallel_for` (a header template) compiles to a serial loop: the ops ran on one
+#: core (docs/weights.md, "one core").
+CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mf16c", "-mfma", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 FAILED = "failed"
 
 
@@ -78,7 +81,7 @@ def torch_version() -> str:
 
 def build_dir(root: Path) -> Path:
     """Where the library for this source, torch and Python is built under `root`."""
-    digest = hashlib.sha256(source() + f"{torch_version()}|{sys.version_info[:2]}|{CFLAGS}".encode()).hexdigest()[:12]
+    digest = hashlib.sha256(source() + f"{torch_version()}|{sys.version_info[:2]}|{CFLAGS}|{LDFLAGS}".encode()).hexdigest()[:12]
     return root / f"int4-{digest}"
 
 
@@ -143,7 +146,7 @@ def build(directory: Path) -> None:
         src.write_bytes(source())
         try:
             cpp.load(name=LIBRARY, sources=[str(src)], build_directory=str(directory), extra_cflags=list(CFLAGS),
-                     is_python_module=False, verbose=False)  # fmt: skip
+                     extra_ldflags=list(LDFLAGS), is_python_module=False, verbose=False)  # fmt: skip
         except Exception as exc:
             (directory / FAILED).write_text(f"{type(exc).__name__}: {exc}".strip() + "\n", encoding="utf-8")
             raise

@@ -153,6 +153,22 @@ def test_a_row_s_product_does_not_depend_on_the_rows_beside_it(kernel_dir: Path,
         assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
 
 
+def test_the_ops_split_their_work_over_torch_s_threads_with_the_same_result(kernel_dir: Path) -> None:
+    # at::parallel_for is a header template: built without OpenMP it is a serial loop,
+    # and the ops ran on one core (the library then calls no GOMP_parallel).
+    assert b"GOMP_parallel" in (kernel_dir / f"{kernels.LIBRARY}.so").read_bytes()
+    layer = Int4Records.from_int4(Int4Linear.from_weight(torch.randn(256, 64).bfloat16()), "bfloat16" if BF16 else "int8")
+    x = torch.randn(3, 64).bfloat16()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = layer(x)
+        torch.set_num_threads(2)
+        assert torch.equal(layer(x), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("op", [pytest.param("q4q8_mm", marks=needs_vnni), pytest.param("q4bf16_mm", marks=needs_bf16)])
 def test_bad_shapes_are_errors_not_crashes(kernel_dir: Path, op: str) -> None:
     multiply = getattr(torch.ops.pardec_q4, op)
