@@ -35,7 +35,7 @@ def main() -> None:
     import torch
     from torch import nn
 
-    from pardec_cli.quant import Int4Records, Int8Head
+    from pardec_cli.quant import Int4Records, Int8Head, Int8Records
     from pardec_cli.store.loading import load_model
     from pardec_cli.store.resolve import resolve_model
 
@@ -49,6 +49,7 @@ def main() -> None:
     full, tokenizer = load_model(path, dtype=args.dtype, device="cpu", weights="full")
     os.environ["PARDEC_KERNELS"] = "0"  # torch's int4 kernel
     int4, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int4")
+    int8, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int8")
     head = int4.get_output_embeddings()
     assert isinstance(head, Int8Head), "int4 weights on a CPU load with the int8 head"
     dense = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
@@ -84,7 +85,8 @@ def main() -> None:
         reference = logits(full)
         total = sum(r.shape[0] for r in reference)
         print(f"{len(texts)} texts, {total} positions; {args.dtype}; against full weights")
-        configs = [("int4 decoder, dense head", int4, dense), ("int4 decoder, Int8Head", int4, head)]
+        configs = [("int4 decoder, dense head", int4, dense), ("int4 decoder, Int8Head", int4, head),
+                   ("int8 decoder, Int8Head", int8, int8.get_output_embeddings())]
         flags = cpu_info().flags
         if kernels.cpu_supported(flags, "bfloat16") and args.dtype == "bfloat16":
             kernels.build(kernels.build_dir(kernels_dir()))
@@ -92,6 +94,9 @@ def main() -> None:
             own, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int4")
             assert any(isinstance(m, Int4Records) for m in own.modules()), "int4 in bfloat16 loads on pardec's kernel"
             configs.append(("int4 on pardec's kernel, Int8Head", own, own.get_output_embeddings()))
+            own8, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int8")
+            assert any(isinstance(m, Int8Records) for m in own8.modules()), "int8 in bfloat16 loads on pardec's kernel"
+            configs.append(("int8 on pardec's kernel, Int8Head", own8, own8.get_output_embeddings()))
         if kernels.cpu_supported(flags, "int8"):
             q4q8, _ = load_model(path, dtype=args.dtype, device="cpu", weights="q4q8")
             configs.append(("q4q8 decoder, Int8Head", q4q8, q4q8.get_output_embeddings()))
@@ -101,7 +106,7 @@ def main() -> None:
             agree = sum(int((g.argmax(-1) == r.argmax(-1)).sum()) for g, r in zip(got, reference))
             kl = sum(float(nn.functional.kl_div(g.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="sum"))
                      for g, r in zip(got, reference)) / total  # fmt: skip
-            print(f"{name:26s} top-1 agreement {100 * agree / total:6.2f}%  KL {kl:.4f}", flush=True)
+            print(f"{name:34s} top-1 agreement {100 * agree / total:6.2f}%  KL {kl:.4f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ are stored as integers and dequantized inside the matmul kernel.
 - `Int4Records`: the same codes in pardec's own layout, multiplied by pardec's CPU
   kernels (`pardec_cli.kernels`): bfloat16 activations, or int8 ones for ``--weights
   q4q8``.
+- `Int8Records`: `Int8Linear`'s codes and scales in pardec's layout, on pardec's CPU
+  kernel for bfloat16 activations.
 
 Both are plain `nn.Module`s whose forward calls one aten op, so they run eagerly and
 trace under ``torch.compile`` without graph breaks. `quantize_linears` swaps them into
@@ -284,6 +286,70 @@ class Int4Records(nn.Module):
                 f"{self.activations} activations")  # fmt: skip
 
 
+class Int8Records(nn.Module):
+    """`Int8Linear` on pardec's CPU kernel ``pardec_q4::q8bf16_mm`` (AVX512-BF16): the
+    same codes q [N, K] and scales (as float32), y = (x @ q.T) * scale + bias with
+    bfloat16 activations and float32 sums, each row computed alone (a row's output does
+    not depend on the rows beside it). `blocks` is int8 [N/16, K/2, 16, 2] (`pack_int8`).
+    A prefill of `DENSE_FROM_ROWS` rows or more, or other activations, multiplies the
+    dequantized weight."""
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, *, in_features: int, out_features: int,
+                 bias: torch.Tensor | None) -> None:  # fmt: skip
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("blocks", blocks)
+        self.register_buffer("scales", scales)  # [N] float32
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        #: As `Int4Records.shared_columns` (`share_products`).
+        self.shared_columns: tuple[int, int] | None = None
+
+    @classmethod
+    def from_int8(cls, layer: Int8Linear) -> Int8Records | None:
+        """The same codes and scales from a CPU `Int8Linear`; None where the kernel cannot
+        take the shape (outputs not whole blocks of 16, inputs not a multiple of 4)."""
+        n, k = layer.out_features, layer.in_features
+        if layer.weight_int8.device.type != "cpu" or n % RECORD_BLOCK or k % 4:
+            return None
+        bias = None if layer.bias is None else layer.bias.detach()
+        return cls(pack_int8(layer.weight_int8), layer.scales.float().contiguous(), in_features=k, out_features=n, bias=bias)
+
+    def codes(self) -> torch.Tensor:
+        """q [N, K] int8."""
+        return self.blocks.permute(0, 2, 1, 3).reshape(self.out_features, self.in_features)
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight [out, in] float32."""
+        return self.codes().float() * self.scales[:, None]
+
+    def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if self.shared_columns is not None and torch.compiler.is_compiling():
+            lo, hi = self.shared_columns  # the group's product, sliced (as `Int4Records`)
+            whole = self.shared_blocks.shape[0] * RECORD_BLOCK
+            return torch.ops.pardec_q4.q8bf16_mm(x2d, self.shared_blocks, self.shared_scales, whole)[:, lo:hi]
+        return torch.ops.pardec_q4.q8bf16_mm(x2d, self.blocks, self.scales, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.bfloat16:
+            y = nn.functional.linear(x2d, self.dequantize().to(x.dtype))
+        else:
+            y = self._matmul(x2d)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel, pardec's kernel"
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """`Int8Records`' layout int8 [N/16, K/2, 16, 2] from codes q [N, K]: per block of 16
+    outputs and pair of inputs, the 16 outputs' two codes side by side."""
+    n, k = q.shape
+    return q.reshape(n // RECORD_BLOCK, RECORD_BLOCK, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
 def _fits_f16(t: torch.Tensor) -> bool:
     magnitude = t.abs()
     tiny = torch.finfo(torch.float16).tiny
@@ -320,11 +386,17 @@ def unpack_records(blocks: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, 
 
 def use_records(model: nn.Module, activations: str) -> int:
     """Swap the model's CPU `Int4Linear` layers for `Int4Records` multiplying `activations`
-    ("bfloat16" or "int8") where the kernels take them, in place (the caller has loaded
-    `pardec_cli.kernels`); returns how many."""
+    ("bfloat16" or "int8"), and with "bfloat16" its `Int8Linear` ones for `Int8Records`,
+    where the kernels take them, in place (the caller has loaded `pardec_cli.kernels`);
+    returns how many."""
     swapped = 0
     for name, layer in list(model.named_modules()):
-        if isinstance(layer, Int4Linear) and (new := Int4Records.from_int4(layer, activations)) is not None:
+        new: nn.Module | None = None
+        if isinstance(layer, Int4Linear):
+            new = Int4Records.from_int4(layer, activations)
+        elif isinstance(layer, Int8Linear) and activations == "bfloat16":
+            new = Int8Records.from_int8(layer)
+        if new is not None:
             _replace(model, name, new)
             swapped += 1
     return swapped
@@ -733,6 +805,8 @@ def _share_key(m: nn.Module) -> tuple[object, ...] | None:
     layer that cannot join (CPU int4 layers only, in whole blocks of their packing)."""
     if isinstance(m, Int4Records) and m.shared_columns is None:
         return (Int4Records, m.in_features, m.activations)
+    if isinstance(m, Int8Records) and m.shared_columns is None:
+        return (Int8Records, m.in_features)
     if isinstance(m, Int4Linear) and m.packed.device.type == "cpu" and m.shared_columns is None:
         block = cpu_pack_block()
         if block is not None and m.out_features % block == 0:
@@ -741,13 +815,18 @@ def _share_key(m: nn.Module) -> tuple[object, ...] | None:
 
 
 def _share(members: list[nn.Module]) -> None:
-    """Concatenate a group's weight (`Int4Linear`'s packed rows, `Int4Records`' records of 16
-    outputs) and make each member's a view of it; `Int4Linear` members also get the
-    group's scales beside their own (see `share_products`)."""
-    records = isinstance(members[0], Int4Records)
+    """Concatenate a group's weight (`Int4Linear`'s packed rows, `Int4Records`' and
+    `Int8Records`' records of 16 outputs) and make each member's a view of it;
+    `Int4Linear` members also get the group's scales beside their own (see
+    `share_products`), `Int8Records` members the group's [N_total] scales."""
+    records = isinstance(members[0], (Int4Records, Int8Records))
     name, rows = ("blocks", RECORD_BLOCK) if records else ("packed", 1)
     whole = torch.cat([getattr(m, name) for m in members])  # [N_total / rows, ...]
-    scales = None if records else torch.cat([m.scales_and_zeros for m in members], dim=1)  # [K/g, N_total, 2]
+    scales = None
+    if isinstance(members[0], Int4Linear):
+        scales = torch.cat([m.scales_and_zeros for m in members], dim=1)  # [K/g, N_total, 2]
+    elif isinstance(members[0], Int8Records):
+        scales = torch.cat([m.scales for m in members])  # [N_total]
     lo = 0
     for m in members:
         hi = lo + m.out_features
@@ -755,6 +834,8 @@ def _share(members: list[nn.Module]) -> None:
         m.register_buffer(f"shared_{name}", whole)
         if scales is not None:
             m.register_buffer("shared_scales", scales)
+        if isinstance(m, Int8Records) and scales is not None:
+            m.scales = scales[lo:hi]  # a view: one copy of the scales
         m.shared_columns = (lo, hi)
         lo = hi
 
@@ -764,6 +845,7 @@ MERGE_SHARED_PRODUCTS = "pardec.quant.merge_shared_products.1"
 #: The ops it merges. A pre-pass sees the graph functional (inductor re-inplaces ops
 #: later), so equal calls of these pure ops on equal arguments are equal values.
 _MERGED = ("aten._weight_int4pack_mm_for_cpu.default", "pardec_q4.q4bf16_mm.default", "pardec_q4.q4q8_mm.default",
+           "pardec_q4.q8bf16_mm.default",
            "aten.reshape.default", "aten.view.default", "aten._unsafe_view.default")  # fmt: skip
 
 
@@ -816,7 +898,7 @@ def row_tile(model: nn.Module) -> int:
         return 1
     if any(isinstance(m, Int4Linear) for m in model.modules()):
         return CPU_INT4_ROW_TILE
-    return RECORD_ROW_TILE if any(isinstance(m, Int4Records) for m in model.modules()) else 1
+    return RECORD_ROW_TILE if any(isinstance(m, (Int4Records, Int8Records)) for m in model.modules()) else 1
 
 
 def weights_label(model: nn.Module) -> str:
@@ -827,12 +909,13 @@ def weights_label(model: nn.Module) -> str:
         return "q4q8"
     if any(isinstance(m, (Int4Linear, Int4Records)) for m in modules):
         return "int4"
-    if any(isinstance(m, Int8Linear) for m in modules):
+    if any(isinstance(m, (Int8Linear, Int8Records)) for m in modules):
         return "int8"
     return "full"
 
 
 def kernel_suffix(model: nn.Module) -> str:
-    """"+pardec" where int4 layers run pardec's bfloat16 kernel, else "": a step's cost
-    depends on the kernel, so what auto learns about steps keeps them apart."""
-    return "+pardec" if any(isinstance(m, Int4Records) and m.activations == "bfloat16" for m in model.modules()) else ""
+    """"+pardec" where int4 or int8 layers run pardec's bfloat16 kernels, else "": a step's
+    cost depends on the kernel, so what auto learns about steps keeps them apart."""
+    ours = any((isinstance(m, Int4Records) and m.activations == "bfloat16") or isinstance(m, Int8Records) for m in model.modules())
+    return "+pardec" if ours else ""

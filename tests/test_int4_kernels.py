@@ -1,6 +1,6 @@
-"""pardec's own int4 kernels (`pardec_cli.kernels`) and the layers on them
-(`quant.Int4Records`): bfloat16 activations (AVX512-BF16) and int8 ones (``--weights
-q4q8``, AVX512-VNNI).
+"""pardec's own kernels (`pardec_cli.kernels`) and the layers on them: int4
+(`quant.Int4Records`) by bfloat16 activations (AVX512-BF16) and by int8 ones (``--weights
+q4q8``, AVX512-VNNI); int8 (`quant.Int8Records`) by bfloat16 activations.
 
 The kernels' tests build them once for the run (about 10-20 s) and are skipped on a CPU
 without the instructions; the layout, the loading choices and the faults run everywhere.
@@ -16,7 +16,8 @@ import torch
 from pardec_cli import kernels, quant
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.hardware import cpu_info
-from pardec_cli.quant import Int4Linear, Int4Records, pack_records, share_products, unpack_records, use_records
+from pardec_cli.quant import (Int4Linear, Int4Records, Int8Linear, Int8Records, pack_int8, pack_records, share_products,
+                              unpack_records, use_records)
 from tests.cli_helpers import invoke
 from tests.test_exactness import random_prompt
 from tests.test_quant import quantize_linears_on, tiny_gguf  # noqa: F401 (a fixture)
@@ -141,6 +142,46 @@ def test_q4bf16_gives_what_torch_s_int4_kernel_gives(kernel_dir: Path) -> None:
     assert (ours - theirs).norm() < 5e-3 * theirs.norm()  # bfloat16 roundings apart
 
 
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 20])
+def test_q8bf16_multiplies_bfloat16_activations_by_int8_codes_and_scales(kernel_dir: Path, rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    q = torch.randint(-127, 128, (64, 96), generator=g, dtype=torch.int8)
+    scales = torch.rand(64, generator=g) * 0.01 + 1e-3
+    x = torch.randn(rows, 96, generator=g).bfloat16()
+    got = torch.ops.pardec_q4.q8bf16_mm(x, pack_int8(q), scales, 64)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 64)
+    exact = (x.double() @ q.double().t()) * scales.double()
+    # float32 sums, one bfloat16 rounding of the result
+    assert torch.allclose(got.double(), exact, rtol=2 ** -8, atol=1e-4)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        torch.ops.pardec_q4.q8bf16_mm(x.float(), pack_int8(q), scales, 64)
+
+
+@needs_bf16
+def test_an_int8_layer_on_pardec_s_kernel_gives_what_torch_s_gives(kernel_dir: Path) -> None:
+    torch_s = Int8Linear.from_weight(torch.randn(192, 576).bfloat16() * 0.05, torch.randn(192).bfloat16())
+    ours = Int8Records.from_int8(torch_s)
+    assert ours is not None and torch.equal(ours.codes(), torch_s.weight_int8)
+    assert torch.equal(ours.dequantize(), torch_s.dequantize())
+    for rows in (1, 5, 300):  # 300: a prefill's dense product
+        x = torch.randn(rows, 576).bfloat16()
+        assert (ours(x).float() - torch_s(x).float()).norm() < 5e-3 * torch_s(x).float().norm()  # bfloat16 roundings apart
+    # Shapes the kernel cannot take stay on torch's: outputs in blocks of 16, inputs in 4s.
+    assert Int8Records.from_int8(Int8Linear.from_weight(torch.randn(40, 64))) is None
+    assert Int8Records.from_int8(Int8Linear.from_weight(torch.randn(32, 66))) is None
+
+
+@needs_bf16
+def test_an_int8_row_s_product_does_not_depend_on_the_rows_beside_it(kernel_dir: Path) -> None:
+    layer = Int8Records.from_int8(Int8Linear.from_weight(torch.randn(128, 64).bfloat16()))
+    assert layer is not None
+    x = torch.randn(21, 64).bfloat16()
+    together = layer(x)
+    for i in (0, 5, 7, 8, 20):
+        assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
+
+
 @pytest.mark.parametrize("activations", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_row_s_product_does_not_depend_on_the_rows_beside_it(kernel_dir: Path, activations: str, dtype: torch.dtype) -> None:
@@ -180,18 +221,41 @@ def test_bad_shapes_are_errors_not_crashes(kernel_dir: Path, op: str) -> None:
     assert multiply(torch.randn(0, 64).bfloat16(), blocks, 32).shape == (0, 32)
 
 
-def records_model(activations: str, seed: int = 0) -> torch.nn.Module:
+@needs_bf16
+def test_bad_int8_shapes_are_errors_not_crashes(kernel_dir: Path) -> None:
+    blocks, scales = pack_int8(torch.zeros(32, 64, dtype=torch.int8)), torch.ones(32)
+    multiply = torch.ops.pardec_q4.q8bf16_mm
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        multiply(torch.randn(2, 96).bfloat16(), blocks, scales, 32)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        multiply(torch.randn(2, 64).bfloat16(), blocks, torch.ones(16), 32)
+    with pytest.raises(RuntimeError, match="int8"):
+        multiply(torch.randn(2, 64).bfloat16(), blocks.float(), scales, 32)
+    with pytest.raises(RuntimeError, match="float32"):
+        multiply(torch.randn(2, 64).bfloat16(), blocks, scales.bfloat16(), 32)
+    assert multiply(torch.randn(0, 64).bfloat16(), blocks, scales, 32).shape == (0, 32)
+
+
+def records_model(activations: str, seed: int = 0, weights: str = "int4") -> torch.nn.Module:
     dtype = torch.bfloat16 if activations == "bfloat16" else torch.float32
-    model = quantize_linears_on(peaked(tiny_llama(seed, layers=2, hidden=128)).to(dtype), "int4")
+    model = quantize_linears_on(peaked(tiny_llama(seed, layers=2, hidden=128)).to(dtype), weights)
     assert use_records(model, activations) == 2 * 7
     return model
 
 
-@pytest.mark.parametrize("activations", KINDS)
-def test_layers_of_one_input_share_records_and_compile_to_one_call_per_group(kernel_dir: Path, activations: str) -> None:
-    model = records_model(activations)
+RECORD_KINDS = [pytest.param("int4", "bfloat16", "q4bf16_mm", marks=needs_bf16),
+                pytest.param("int4", "int8", "q4q8_mm", marks=needs_vnni),
+                pytest.param("int8", "bfloat16", "q8bf16_mm", marks=needs_bf16)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("weights", "activations", "op_name"), RECORD_KINDS)
+def test_layers_of_one_input_share_records_and_compile_to_one_call_per_group(
+    kernel_dir: Path, weights: str, activations: str, op_name: str
+) -> None:
+    model = records_model(activations, weights=weights)
     assert quant.kernel_suffix(model) == ("+pardec" if activations == "bfloat16" else "")  # learned step costs apart
-    op = getattr(torch.ops.pardec_q4, "q4q8_mm" if activations == "int8" else "q4bf16_mm").default
+    assert quant.weights_label(model) == (weights if activations == "bfloat16" else "q4q8")
+    op = getattr(torch.ops.pardec_q4, op_name).default
     ids = torch.tensor([random_prompt(1, 12)])
     with torch.no_grad():
         before = model(ids).logits
@@ -202,6 +266,8 @@ def test_layers_of_one_input_share_records_and_compile_to_one_call_per_group(ker
     members = [attention.q_proj, attention.k_proj, attention.v_proj]
     assert [m.shared_columns for m in members] == [(0, 128), (128, 192), (192, 256)]
     assert all(m.blocks.untyped_storage().data_ptr() == members[0].shared_blocks.data_ptr() for m in members)
+    if weights == "int8":  # the scales too: views of the group's, one copy
+        assert all(m.scales.untyped_storage().data_ptr() == members[0].shared_scales.data_ptr() for m in members)
     calls: list[tuple[int, int]] = []
 
     def counting(graph: torch.fx.Graph) -> None:
@@ -250,12 +316,19 @@ def test_int4_in_bfloat16_takes_pardec_s_kernel_once_built_in_the_store(
         layer = model.model.layers[0].self_attn.q_proj
         assert isinstance(layer, Int4Records) and layer.activations == "bfloat16"
         assert quant.weights_label(model) == "int4"
-    # float32 activations, or PARDEC_KERNELS=0: torch's kernel.
-    float32, _ = load_model(path, dtype="float32", device="cpu", weights="int4")
-    assert isinstance(float32.model.layers[0].self_attn.q_proj, Int4Linear)
+    # int8 weights in bfloat16 too, their layers of one input sharing a call.
+    model, _ = load_model(path, dtype="bfloat16", device="cpu", weights="int8")
+    layer = model.model.layers[0].self_attn.q_proj
+    assert isinstance(layer, Int8Records) and layer.shared_columns is not None
+    assert (quant.weights_label(model), quant.kernel_suffix(model)) == ("int8", "+pardec")
+    # float32 activations, or PARDEC_KERNELS=0: torch's kernels.
+    for weights, torch_s in (("int4", Int4Linear), ("int8", Int8Linear)):
+        float32, _ = load_model(path, dtype="float32", device="cpu", weights=weights)
+        assert isinstance(float32.model.layers[0].self_attn.q_proj, torch_s)
     monkeypatch.setenv("PARDEC_KERNELS", "0")
-    model, _ = load_model(path, dtype="bfloat16", device="cpu", weights="int4")
-    assert isinstance(model.model.layers[0].self_attn.q_proj, Int4Linear)
+    for weights, torch_s in (("int4", Int4Linear), ("int8", Int8Linear)):
+        model, _ = load_model(path, dtype="bfloat16", device="cpu", weights=weights)
+        assert isinstance(model.model.layers[0].self_attn.q_proj, torch_s)
 
 
 @needs_vnni

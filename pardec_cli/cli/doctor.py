@@ -147,7 +147,7 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
     return [
         "", "compiled runner (--compile)",
         f"  compiler      {compiled['cxx_compiler'] or 'no C++ compiler found: CPU steps run eagerly (install g++)'}",
-        f"  int4 kernels  {_kernels_line(compiled['int4_kernels'])}",
+        f"  kernels       {_kernels_line(compiled['int4_kernels'])}",
         f"  cache         {compiled['cache_dir']} ({cache})",
         f"  saved steps   {saved}",
         f"  auto          compiles for bench, tune and serve, and for gen/chat work of {breakeven['cpu']}+ tokens on CPU"
@@ -156,8 +156,8 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
 
 
 def _kernels_line(k: dict[str, Any]) -> str:
-    """pardec's own int4 kernels: what they do here, in one line."""
-    uses = " and ".join(what for name, what in (("bfloat16", "int4 in bfloat16"), ("int8", "--weights q4q8")) if k[name])
+    """pardec's own kernels: what they do here, in one line."""
+    uses = ", ".join(what for name, what in (("bfloat16", "int4 and int8 in bfloat16"), ("int8", "--weights q4q8")) if k[name])
     if not uses:
         return "torch's (this CPU lacks AVX512-BF16 and AVX512-VNNI for pardec's)"
     if not k["enabled"]:
@@ -166,7 +166,7 @@ def _kernels_line(k: dict[str, Any]) -> str:
     if status == "built":
         return f"pardec's, built in {k['dir']}: {uses}"
     if status == "not built":
-        return f"pardec's for {uses}: not built yet (the first int4 load builds them in the background)"
+        return f"pardec's for {uses}: not built yet (the first int4 or int8 load builds them in the background)"
     return f"pardec's for {uses}: {status} ({k['dir']})"
 
 

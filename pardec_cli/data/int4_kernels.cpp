@@ -3,6 +3,8 @@
 //                         layers' kernel: what torch's int4 kernel computes, faster;
 //   pardec_q4::q4q8_mm    int8 activations (AVX512-VNNI), as llama.cpp multiplies Q4_1
 //                         by Q8_1: faster still for a few rows, further from the full model.
+//   pardec_q4::q8bf16_mm  int8 weights (one scale per output), bfloat16 activations
+//                         (AVX512-BF16): --weights int8's layers in bfloat16.
 // Built at run time by torch.utils.cpp_extension (pardec_cli/kernels.py).
 //
 // Weights: uint8 [N/16, K/32, 320], one 320-byte record per block of 16 outputs and
@@ -248,13 +250,81 @@ at::Tensor q4bf16_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
   return out;
 }
 
+// ---- int8 weights, bfloat16 activations (AVX512-BF16). Weights: int8 [N/16, K/2, 16, 2],
+// per block of 16 outputs and pair of inputs the 16 outputs' two weights side by side
+// (VDPBF16PS multiplies pairs), scales float32 [N]:
+//   y[r, n] = scale[n] * sum_k q[n, k] x[r, k].
+// A code becomes bfloat16 exactly (|q| <= 127 needs 7 bits). Two sums per row (even and
+// odd pairs of pairs) shorten the chain of dependent dot products; they are added last.
+template <int R>
+__attribute__((target("avx512bf16"))) void block_rows_q8(const c10::BFloat16* x, int64_t K, const int8_t* w, const float* scale,
+                                                         c10::BFloat16* out, int64_t ldo) {
+  __m512 even[R], odd[R];
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 4) {  // 64 bytes: inputs k, k + 1 (32 bytes) and k + 2, k + 3
+    const int8_t* line = w + k * kBlock;
+    _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetch), _MM_HINT_T0);
+    const __m512i v = _mm512_loadu_si512(line);
+    const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_castsi512_si128(v)));
+    const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 1)));
+    const __m512 f2 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 2)));
+    const __m512 f3 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 3)));
+    const __m512bh w0 = _mm512_cvtne2ps_pbh(f1, f0), w1 = _mm512_cvtne2ps_pbh(f3, f2);
+    for (int r = 0; r < R; ++r) {
+      const c10::BFloat16* xr = x + r * K + k;
+      int32_t xa, xb;
+      __builtin_memcpy(&xa, xr, 4);
+      __builtin_memcpy(&xb, xr + 2, 4);
+      even[r] = _mm512_dpbf16_ps(even[r], w0, (__m512bh)_mm512_set1_epi32(xa));
+      odd[r] = _mm512_dpbf16_ps(odd[r], w1, (__m512bh)_mm512_set1_epi32(xb));
+    }
+  }
+  const __m512 s = _mm512_loadu_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), to_bf16(_mm512_mul_ps(_mm512_add_ps(even[r], odd[r]), s)));
+  }
+}
+
+using BlockRowsQ8 = void (*)(const c10::BFloat16*, int64_t, const int8_t*, const float*, c10::BFloat16*, int64_t);
+constexpr BlockRowsQ8 kBlockRowsQ8[kMaxRowsBf16 + 1] = {nullptr, block_rows_q8<1>, block_rows_q8<2>, block_rows_q8<3>,
+                                                       block_rows_q8<4>, block_rows_q8<5>, block_rows_q8<6>,
+                                                       block_rows_q8<7>, block_rows_q8<8>};
+
+at::Tensor q8bf16_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& scales, int64_t n) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu() && x_in.scalar_type() == at::kBFloat16, "q8bf16_mm: x must be 2-D bfloat16 on a CPU");
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == kBlock && w.size(3) == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
+              "q8bf16_mm: w must be contiguous int8 [N/16, K/2, 16, 2]");
+  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat && scales.is_contiguous(), "q8bf16_mm: scales must be contiguous float32 [N]");
+  const int64_t M = x_in.size(0), K = x_in.size(1), NB = n / kBlock;
+  TORCH_CHECK(K % 4 == 0 && n % kBlock == 0 && w.size(0) == NB && w.size(1) * 2 == K && scales.size(0) == n,
+              "q8bf16_mm: shapes do not match: x ", x_in.sizes(), ", w ", w.sizes(), ", scales ", scales.sizes(), ", n ", n);
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty({M, n}, x.options());
+  if (M == 0) return out;
+  const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      for (int64_t r0 = 0; r0 < M; r0 += kMaxRowsBf16) {
+        const int64_t rows = std::min(kMaxRowsBf16, M - r0);
+        kBlockRowsQ8[rows](xp + r0 * K, K, wp + nb * K * kBlock, sp + nb * kBlock, op + r0 * n + nb * kBlock, n);
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pardec_q4, m) {
   m.def("q4q8_mm(Tensor x, Tensor w, int n) -> Tensor");
   m.def("q4bf16_mm(Tensor x, Tensor w, int n) -> Tensor");
+  m.def("q8bf16_mm(Tensor x, Tensor w, Tensor scales, int n) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pardec_q4, CPU, m) {
   m.impl("q4q8_mm", &q4q8_mm);
   m.impl("q4bf16_mm", &q4bf16_mm);
+  m.impl("q8bf16_mm", &q8bf16_mm);
 }

@@ -204,7 +204,7 @@ def load_model(
     if q4q8:  # int4 codes, on pardec's kernel with int8 activations (`_own_kernels`)
         mode = "int4"
     records = None
-    if mode == "int4" and (q4q8 or (device == "cpu" and dtype == "bfloat16")):
+    if q4q8 or (mode in ("int4", "int8") and device == "cpu" and dtype == "bfloat16"):
         records = _own_kernels(device=device, q4q8=q4q8, notice=notice)
     with quiet_transformers():
         config = _load_config(path, model_type)
@@ -257,16 +257,17 @@ def load_model(
     model.eval()
     if records is not None:  # layers quantized here rather than read as codes
         use_records(model, records)
-    if mode == "int4":  # on a CPU, q/k/v and gate/up: one int4 call each when compiled
+    if mode in ("int4", "int8"):  # on a CPU, q/k/v and gate/up: one quantized call each when compiled
         share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     return model, tokenizer
 
 
 def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | None) -> str | None:
-    """The activations int4 layers multiply on pardec's own kernels (`pardec_cli.kernels`,
-    `quant.Int4Records`) in this load, loading the kernels; None for torch's kernel.
+    """The activations quantized layers multiply on pardec's own kernels (`pardec_cli.kernels`,
+    `quant.Int4Records`, `quant.Int8Records`) in this load, loading the kernels; None for
+    torch's kernels.
 
-    bfloat16 (plain int4 in bfloat16): where this CPU runs the kernel and it is built in
+    bfloat16 (int4 or int8 in bfloat16): where this CPU runs the kernel and it is built in
     the store; a first load starts its build in the background and keeps torch's kernel
     meanwhile. "int8" (``--weights q4q8``, asked for): the kernel is built now if need be,
     and a device or CPU without it is an error.
