@@ -1,20 +1,22 @@
-"""Kernels pardec builds itself: products of 4-bit and 8-bit weights for CPUs with AVX512.
+"""Kernels pardec builds itself: products of 4-bit, 8-bit and bfloat16 weights for CPUs with AVX512.
 
 torch's CPU int4 kernel dequantizes every weight to float and tiles rows by 4, and its
 int8 one streams the weights at 25-30 GB/s for a few rows, short of the memory's rate on a
 few cores (docs/weights.md, "pardec's own int4 kernels"). ``data/int4_kernels.cpp`` holds
-three torch ops, two over one int4 layout (`quant.Int4Records`) and one over an int8 one
-(`quant.Int8Records`):
+four torch ops, two over one int4 layout (`quant.Int4Records`) and two over one layout of
+int8 or bfloat16 weights (`quant.Int8Records`, `quant.BF16Records`):
 
 - ``pardec_q4::q4bf16_mm``: bfloat16 activations, AVX512-BF16 dot products; torch's
   kernel's arithmetic, what int4 layers use in bfloat16;
 - ``pardec_q4::q4q8_mm``: int8 activations in groups of 32 (llama.cpp's Q8_1),
   AVX512-VNNI; ``--weights q4q8`` only, being further from the full model;
 - ``pardec_q4::q8bf16_mm``: int8 weights by bfloat16 activations (AVX512-BF16), what
-  ``--weights int8`` layers use in bfloat16.
+  ``--weights int8`` layers use in bfloat16;
+- ``pardec_q4::bf16_mm``: bfloat16 weights and activations, what dense layers use in
+  bfloat16 on a CPU with AVX512-BF16 and no AMX (oneDNN's packing read them slower).
 
 They are compiled once per machine with torch's C++ extension builder into pardec's
-store. The first int4 or int8 load in bfloat16 on a CPU that runs them starts a detached
+store. The first load in bfloat16 on a CPU that runs them starts a detached
 build (``python -m pardec_cli.kernels BUILD_DIR``) and goes on with torch's kernels, so no
 run waits; later loads take the library in milliseconds. ``--weights q4q8`` builds at
 once. A failed build leaves a ``failed`` file with its reason (`status`; `pardec doctor`)
@@ -199,6 +201,7 @@ def _register_fakes() -> None:
     torch.library.register_fake("pardec_q4::q4q8_mm", out)
     torch.library.register_fake("pardec_q4::q4bf16_mm", out)
     torch.library.register_fake("pardec_q4::q8bf16_mm", lambda x, w, scales, n: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("pardec_q4::bf16_mm", lambda x, w, n: x.new_empty((x.shape[0], n)))
 
 
 if __name__ == "__main__":  # the detached builder: python -m pardec_cli.kernels BUILD_DIR

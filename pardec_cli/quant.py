@@ -16,6 +16,8 @@ are stored as integers and dequantized inside the matmul kernel.
   q4q8``.
 - `Int8Records`: `Int8Linear`'s codes and scales in pardec's layout, on pardec's CPU
   kernel for bfloat16 activations.
+- `BF16Records`: a dense bfloat16 layer in the same layout, on pardec's CPU kernel;
+  `BF16Head` the output head on it, over a copy beside the dense weight.
 
 Both are plain `nn.Module`s whose forward calls one aten op, so they run eagerly and
 trace under ``torch.compile`` without graph breaks. `quantize_linears` swaps them into
@@ -290,7 +292,7 @@ class Int8Records(nn.Module):
     """`Int8Linear` on pardec's CPU kernel ``pardec_q4::q8bf16_mm`` (AVX512-BF16): the
     same codes q [N, K] and scales (as float32), y = (x @ q.T) * scale + bias with
     bfloat16 activations and float32 sums, each row computed alone (a row's output does
-    not depend on the rows beside it). `blocks` is int8 [N/16, K/2, 16, 2] (`pack_int8`).
+    not depend on the rows beside it). `blocks` is int8 [N/16, K/2, 16, 2] (`pack_pairs`).
     A prefill of `DENSE_FROM_ROWS` rows or more, or other activations, multiplies the
     dequantized weight."""
 
@@ -312,7 +314,7 @@ class Int8Records(nn.Module):
         if layer.weight_int8.device.type != "cpu" or n % RECORD_BLOCK or k % 4:
             return None
         bias = None if layer.bias is None else layer.bias.detach()
-        return cls(pack_int8(layer.weight_int8), layer.scales.float().contiguous(), in_features=k, out_features=n, bias=bias)
+        return cls(pack_pairs(layer.weight_int8), layer.scales.float().contiguous(), in_features=k, out_features=n, bias=bias)
 
     def codes(self) -> torch.Tensor:
         """q [N, K] int8."""
@@ -343,9 +345,104 @@ class Int8Records(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel, pardec's kernel"
 
 
-def pack_int8(q: torch.Tensor) -> torch.Tensor:
-    """`Int8Records`' layout int8 [N/16, K/2, 16, 2] from codes q [N, K]: per block of 16
-    outputs and pair of inputs, the 16 outputs' two codes side by side."""
+class BF16Records(nn.Module):
+    """A dense bfloat16 linear layer on pardec's CPU kernel ``pardec_q4::bf16_mm``
+    (AVX512-BF16): y = x @ W.T + bias, float32 sums, each row computed alone. `blocks` is
+    bfloat16 [N/16, K/2, 16, 2] (`pack_pairs`), the only copy of the weight. A prefill of
+    `DENSE_FROM_ROWS` rows or more, or other activations, multiplies the dense weight."""
+
+    def __init__(self, blocks: torch.Tensor, *, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("blocks", blocks)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        #: As `Int4Records.shared_columns` (`share_products`).
+        self.shared_columns: tuple[int, int] | None = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> BF16Records | None:
+        """The layer's bfloat16 CPU weight in records; None where the kernel cannot take it
+        (another dtype or device, outputs not whole blocks of 16, inputs not a multiple of 4)."""
+        weight = linear.weight.detach()
+        n, k = weight.shape
+        if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or n % RECORD_BLOCK or k % 4:
+            return None
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(pack_pairs(weight), in_features=k, out_features=n, bias=bias)
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight [out, in], bfloat16."""
+        return self.blocks.permute(0, 2, 1, 3).reshape(self.out_features, self.in_features)
+
+    def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if self.shared_columns is not None and torch.compiler.is_compiling():
+            lo, hi = self.shared_columns  # the group's product, sliced (as `Int4Records`)
+            return torch.ops.pardec_q4.bf16_mm(x2d, self.shared_blocks, self.shared_blocks.shape[0] * RECORD_BLOCK)[:, lo:hi]
+        return torch.ops.pardec_q4.bf16_mm(x2d, self.blocks, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.bfloat16:
+            y = nn.functional.linear(x2d, self.dequantize().to(x.dtype))
+        else:
+            y = self._matmul(x2d)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16, pardec's kernel"
+
+
+class BF16Head(nn.Module):
+    """A dense bfloat16 output head on pardec's CPU kernel (``pardec_q4::bf16_mm``) over a
+    records copy of its weight: the step's largest product read at the kernel's rate
+    rather than aten ``mm``'s, each row's logits computed alone. `weight` and `bias` stay
+    the dense tensors (shared, not copied) for readers of ``get_output_embeddings()``
+    and for prefills of `DENSE_FROM_ROWS` rows or more; the copy costs the weight's bytes
+    once more in memory (a tied head's embedding keeps its own)."""
+
+    def __init__(self, dense: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = dense.in_features, dense.out_features
+        self.weight = dense.weight  # [V, K], the tied embedding for SmolLM2-style models
+        self.bias = dense.bias
+        self.register_buffer("blocks", pack_pairs(dense.weight.detach()), persistent=False)  # [V/16, K/2, 16, 2]
+
+    @staticmethod
+    def fits(head: nn.Module) -> bool:
+        """Whether `head` is a bfloat16 CPU nn.Linear the kernel takes (outputs in 16s, inputs in 4s)."""
+        return (isinstance(head, nn.Linear) and head.weight.device.type == "cpu" and head.weight.dtype == torch.bfloat16
+                and head.out_features % RECORD_BLOCK == 0 and head.in_features % 4 == 0)  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.bfloat16:
+            y = nn.functional.linear(x2d, self.weight.to(x.dtype))
+        else:
+            y = torch.ops.pardec_q4.bf16_mm(x2d, self.blocks, self.out_features)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16, pardec's kernel"
+
+
+def head_on_records(model: nn.Module) -> bool:
+    """Route the model's logits through `BF16Head`, in place (the caller has loaded
+    `pardec_cli.kernels`); False (nothing changed) where the head does not fit."""
+    head = _output_head(model)
+    if head is None or not BF16Head.fits(head):
+        return False
+    model.set_output_embeddings(BF16Head(head))
+    return True
+
+
+def pack_pairs(q: torch.Tensor) -> torch.Tensor:
+    """`Int8Records`' and `BF16Records`' layout [N/16, K/2, 16, 2] from a weight q [N, K]
+    (int8 codes or bfloat16): per block of 16 outputs and pair of inputs, the 16 outputs'
+    two weights side by side."""
     n, k = q.shape
     return q.reshape(n // RECORD_BLOCK, RECORD_BLOCK, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
@@ -386,16 +483,19 @@ def unpack_records(blocks: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, 
 
 def use_records(model: nn.Module, activations: str) -> int:
     """Swap the model's CPU `Int4Linear` layers for `Int4Records` multiplying `activations`
-    ("bfloat16" or "int8"), and with "bfloat16" its `Int8Linear` ones for `Int8Records`,
-    where the kernels take them, in place (the caller has loaded `pardec_cli.kernels`);
-    returns how many."""
+    ("bfloat16" or "int8"), and with "bfloat16" its `Int8Linear` ones for `Int8Records`
+    and its decoder's dense bfloat16 nn.Linear ones for `BF16Records`, where the kernels
+    take them, in place (the caller has loaded `pardec_cli.kernels`); returns how many."""
     swapped = 0
+    dense = {name for name, _ in decoder_linears(model)} if activations == "bfloat16" else set()
     for name, layer in list(model.named_modules()):
         new: nn.Module | None = None
         if isinstance(layer, Int4Linear):
             new = Int4Records.from_int4(layer, activations)
         elif isinstance(layer, Int8Linear) and activations == "bfloat16":
             new = Int8Records.from_int8(layer)
+        elif name in dense and isinstance(layer, nn.Linear):
+            new = BF16Records.from_linear(layer)
         if new is not None:
             _replace(model, name, new)
             swapped += 1
@@ -805,8 +905,8 @@ def _share_key(m: nn.Module) -> tuple[object, ...] | None:
     layer that cannot join (CPU int4 layers only, in whole blocks of their packing)."""
     if isinstance(m, Int4Records) and m.shared_columns is None:
         return (Int4Records, m.in_features, m.activations)
-    if isinstance(m, Int8Records) and m.shared_columns is None:
-        return (Int8Records, m.in_features)
+    if isinstance(m, (Int8Records, BF16Records)) and m.shared_columns is None:
+        return (type(m), m.in_features)
     if isinstance(m, Int4Linear) and m.packed.device.type == "cpu" and m.shared_columns is None:
         block = cpu_pack_block()
         if block is not None and m.out_features % block == 0:
@@ -815,11 +915,11 @@ def _share_key(m: nn.Module) -> tuple[object, ...] | None:
 
 
 def _share(members: list[nn.Module]) -> None:
-    """Concatenate a group's weight (`Int4Linear`'s packed rows, `Int4Records`' and
-    `Int8Records`' records of 16 outputs) and make each member's a view of it;
+    """Concatenate a group's weight (`Int4Linear`'s packed rows, `Int4Records`',
+    `Int8Records`' and `BF16Records`' records of 16 outputs) and make each member's a view of it;
     `Int4Linear` members also get the group's scales beside their own (see
     `share_products`), `Int8Records` members the group's [N_total] scales."""
-    records = isinstance(members[0], (Int4Records, Int8Records))
+    records = isinstance(members[0], (Int4Records, Int8Records, BF16Records))
     name, rows = ("blocks", RECORD_BLOCK) if records else ("packed", 1)
     whole = torch.cat([getattr(m, name) for m in members])  # [N_total / rows, ...]
     scales = None
@@ -845,7 +945,7 @@ MERGE_SHARED_PRODUCTS = "pardec.quant.merge_shared_products.1"
 #: The ops it merges. A pre-pass sees the graph functional (inductor re-inplaces ops
 #: later), so equal calls of these pure ops on equal arguments are equal values.
 _MERGED = ("aten._weight_int4pack_mm_for_cpu.default", "pardec_q4.q4bf16_mm.default", "pardec_q4.q4q8_mm.default",
-           "pardec_q4.q8bf16_mm.default",
+           "pardec_q4.q8bf16_mm.default", "pardec_q4.bf16_mm.default",
            "aten.reshape.default", "aten.view.default", "aten._unsafe_view.default")  # fmt: skip
 
 
@@ -898,7 +998,7 @@ def row_tile(model: nn.Module) -> int:
         return 1
     if any(isinstance(m, Int4Linear) for m in model.modules()):
         return CPU_INT4_ROW_TILE
-    return RECORD_ROW_TILE if any(isinstance(m, (Int4Records, Int8Records)) for m in model.modules()) else 1
+    return RECORD_ROW_TILE if any(isinstance(m, (Int4Records, Int8Records, BF16Records)) for m in model.modules()) else 1
 
 
 def weights_label(model: nn.Module) -> str:
@@ -915,7 +1015,8 @@ def weights_label(model: nn.Module) -> str:
 
 
 def kernel_suffix(model: nn.Module) -> str:
-    """"+pardec" where int4 or int8 layers run pardec's bfloat16 kernels, else "": a step's
+    """"+pardec" where int4, int8 or dense layers run pardec's bfloat16 kernels, else "": a step's
     cost depends on the kernel, so what auto learns about steps keeps them apart."""
-    ours = any((isinstance(m, Int4Records) and m.activations == "bfloat16") or isinstance(m, Int8Records) for m in model.modules())
+    ours = any((isinstance(m, Int4Records) and m.activations == "bfloat16") or isinstance(m, (Int8Records, BF16Records))
+               for m in model.modules())  # fmt: skip
     return "+pardec" if ours else ""

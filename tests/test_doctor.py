@@ -68,6 +68,18 @@ def test_an_untied_head_on_int8_counts_its_int8_copy_and_not_its_dense_weight():
     assert weight_bytes(model) == untied - 96 * 32 * 4 + 96 * 32 + 96 * 4 + 32 * 4 + zero_point
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_a_head_on_pardec_s_bfloat16_kernel_counts_its_copy_once(tied: bool) -> None:
+    from pardec_cli.quant import BF16Head
+
+    model = tiny_llama(vocab=96, layers=2, hidden=32).bfloat16()
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    dense = weight_bytes(model)
+    model.set_output_embeddings(BF16Head(model.lm_head))
+    assert weight_bytes(model) == dense  # the records copy is read instead of the dense weight
+
+
 def test_weight_bytes_follow_the_dtype():
     model = tiny_llama(vocab=96, layers=2, hidden=32)
     fp32 = weight_bytes(model)

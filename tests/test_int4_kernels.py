@@ -1,6 +1,7 @@
 """pardec's own kernels (`pardec_cli.kernels`) and the layers on them: int4
 (`quant.Int4Records`) by bfloat16 activations (AVX512-BF16) and by int8 ones (``--weights
-q4q8``, AVX512-VNNI); int8 (`quant.Int8Records`) by bfloat16 activations.
+q4q8``, AVX512-VNNI); int8 (`quant.Int8Records`) and bfloat16 (`quant.BF16Records`) by
+bfloat16 activations.
 
 The kernels' tests build them once for the run (about 10-20 s) and are skipped on a CPU
 without the instructions; the layout, the loading choices and the faults run everywhere.
@@ -16,8 +17,8 @@ import torch
 from pardec_cli import kernels, quant
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.hardware import cpu_info
-from pardec_cli.quant import (Int4Linear, Int4Records, Int8Linear, Int8Records, pack_int8, pack_records, share_products,
-                              unpack_records, use_records)
+from pardec_cli.quant import (BF16Records, Int4Linear, Int4Records, Int8Linear, Int8Records, pack_pairs, pack_records,
+                              share_products, unpack_records, use_records)
 from tests.cli_helpers import invoke
 from tests.test_exactness import random_prompt
 from tests.test_quant import quantize_linears_on, tiny_gguf  # noqa: F401 (a fixture)
@@ -149,13 +150,13 @@ def test_q8bf16_multiplies_bfloat16_activations_by_int8_codes_and_scales(kernel_
     q = torch.randint(-127, 128, (64, 96), generator=g, dtype=torch.int8)
     scales = torch.rand(64, generator=g) * 0.01 + 1e-3
     x = torch.randn(rows, 96, generator=g).bfloat16()
-    got = torch.ops.pardec_q4.q8bf16_mm(x, pack_int8(q), scales, 64)
+    got = torch.ops.pardec_q4.q8bf16_mm(x, pack_pairs(q), scales, 64)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, 64)
     exact = (x.double() @ q.double().t()) * scales.double()
     # float32 sums, one bfloat16 rounding of the result
     assert torch.allclose(got.double(), exact, rtol=2 ** -8, atol=1e-4)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        torch.ops.pardec_q4.q8bf16_mm(x.float(), pack_int8(q), scales, 64)
+        torch.ops.pardec_q4.q8bf16_mm(x.float(), pack_pairs(q), scales, 64)
 
 
 @needs_bf16
@@ -170,6 +171,50 @@ def test_an_int8_layer_on_pardec_s_kernel_gives_what_torch_s_gives(kernel_dir: P
     # Shapes the kernel cannot take stay on torch's: outputs in blocks of 16, inputs in 4s.
     assert Int8Records.from_int8(Int8Linear.from_weight(torch.randn(40, 64))) is None
     assert Int8Records.from_int8(Int8Linear.from_weight(torch.randn(32, 66))) is None
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 20])
+def test_bf16_mm_multiplies_bfloat16_weights_and_activations(kernel_dir: Path, rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(64, 96, generator=g).bfloat16()
+    x = torch.randn(rows, 96, generator=g).bfloat16()
+    got = torch.ops.pardec_q4.bf16_mm(x, pack_pairs(weight), 64)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 64)
+    assert torch.allclose(got.double(), x.double() @ weight.double().t(), rtol=2 ** -8, atol=1e-4)
+
+
+@needs_bf16
+def test_a_dense_layer_on_pardec_s_kernel_keeps_its_weight_and_bias(kernel_dir: Path) -> None:
+    linear = torch.nn.Linear(576, 192).bfloat16()
+    ours = BF16Records.from_linear(linear)
+    assert ours is not None and torch.equal(ours.dequantize(), linear.weight)
+    for rows in (1, 5, 300):  # 300: a prefill's dense product
+        x = torch.randn(rows, 576).bfloat16()
+        assert (ours(x).float() - linear(x).float()).norm() < 5e-3 * linear(x).float().norm()  # bfloat16 roundings apart
+    together = ours(x[:9])
+    assert all(torch.equal(ours(x[i : i + 1]), together[i : i + 1]) for i in range(9))  # each row alone
+    assert BF16Records.from_linear(torch.nn.Linear(64, 40).bfloat16()) is None  # outputs in blocks of 16
+    assert BF16Records.from_linear(torch.nn.Linear(64, 32)) is None  # float32 stays dense
+
+
+@needs_bf16
+def test_a_bfloat16_head_on_pardec_s_kernel_keeps_the_dense_weight_for_its_readers(kernel_dir: Path) -> None:
+    model = tiny_llama(0, vocab=96, layers=1, hidden=32).bfloat16()
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's
+    dense = model.lm_head
+    assert quant.head_on_records(model)
+    head = model.get_output_embeddings()
+    assert isinstance(head, quant.BF16Head) and head.weight is dense.weight  # shared, not copied
+    x = torch.randn(9, 32).bfloat16()
+    together = head(x)
+    assert (together.float() - dense(x).float()).norm() < 5e-3 * dense(x).float().norm()
+    assert all(torch.equal(head(x[i : i + 1]), together[i : i + 1]) for i in range(9))  # each row's logits alone
+    long = torch.randn(300, 32).bfloat16()  # a long prefill multiplies the dense weight
+    assert torch.equal(head(long), dense(long))
+    odd = tiny_llama(0, vocab=90, layers=1, hidden=32).bfloat16()  # 90 outputs: not whole blocks of 16
+    assert not quant.head_on_records(odd) and isinstance(odd.get_output_embeddings(), torch.nn.Linear)
+    assert not quant.head_on_records(tiny_llama(0, vocab=96, layers=1, hidden=32))  # float32
 
 
 @needs_bf16
@@ -223,7 +268,7 @@ def test_bad_shapes_are_errors_not_crashes(kernel_dir: Path, op: str) -> None:
 
 @needs_bf16
 def test_bad_int8_shapes_are_errors_not_crashes(kernel_dir: Path) -> None:
-    blocks, scales = pack_int8(torch.zeros(32, 64, dtype=torch.int8)), torch.ones(32)
+    blocks, scales = pack_pairs(torch.zeros(32, 64, dtype=torch.int8)), torch.ones(32)
     multiply = torch.ops.pardec_q4.q8bf16_mm
     with pytest.raises(RuntimeError, match="shapes do not match"):
         multiply(torch.randn(2, 96).bfloat16(), blocks, scales, 32)
@@ -238,14 +283,17 @@ def test_bad_int8_shapes_are_errors_not_crashes(kernel_dir: Path) -> None:
 
 def records_model(activations: str, seed: int = 0, weights: str = "int4") -> torch.nn.Module:
     dtype = torch.bfloat16 if activations == "bfloat16" else torch.float32
-    model = quantize_linears_on(peaked(tiny_llama(seed, layers=2, hidden=128)).to(dtype), weights)
+    model = peaked(tiny_llama(seed, layers=2, hidden=128)).to(dtype)
+    if weights != "full":  # as loading: full weights keep a dense head
+        model = quantize_linears_on(model, weights)
     assert use_records(model, activations) == 2 * 7
     return model
 
 
 RECORD_KINDS = [pytest.param("int4", "bfloat16", "q4bf16_mm", marks=needs_bf16),
                 pytest.param("int4", "int8", "q4q8_mm", marks=needs_vnni),
-                pytest.param("int8", "bfloat16", "q8bf16_mm", marks=needs_bf16)]  # fmt: skip
+                pytest.param("int8", "bfloat16", "q8bf16_mm", marks=needs_bf16),
+                pytest.param("full", "bfloat16", "bf16_mm", marks=needs_bf16)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("weights", "activations", "op_name"), RECORD_KINDS)
@@ -255,6 +303,7 @@ def test_layers_of_one_input_share_records_and_compile_to_one_call_per_group(
     model = records_model(activations, weights=weights)
     assert quant.kernel_suffix(model) == ("+pardec" if activations == "bfloat16" else "")  # learned step costs apart
     assert quant.weights_label(model) == (weights if activations == "bfloat16" else "q4q8")
+    assert quant.row_tile(model) == quant.RECORD_ROW_TILE
     op = getattr(torch.ops.pardec_q4, op_name).default
     ids = torch.tensor([random_prompt(1, 12)])
     with torch.no_grad():
@@ -321,6 +370,17 @@ def test_int4_in_bfloat16_takes_pardec_s_kernel_once_built_in_the_store(
     layer = model.model.layers[0].self_attn.q_proj
     assert isinstance(layer, Int8Records) and layer.shared_columns is not None
     assert (quant.weights_label(model), quant.kernel_suffix(model)) == ("int8", "+pardec")
+    # Full weights in bfloat16: dense layers on pardec's kernel where no AMX is, on oneDNN's packing where it is.
+    model, _ = load_model(path, dtype="bfloat16", device="cpu", weights="full")
+    layer = model.model.layers[0].self_attn.q_proj
+    assert isinstance(layer, BF16Records) and layer.shared_columns is not None
+    assert isinstance(model.get_output_embeddings(), quant.BF16Head)
+    assert (quant.weights_label(model), quant.kernel_suffix(model)) == ("full", "+pardec")
+    monkeypatch.setattr(type(cpu_info()), "has_amx_bf16", property(lambda self: True))
+    model, _ = load_model(path, dtype="bfloat16", device="cpu", weights="full")
+    assert not any(isinstance(m, BF16Records) for m in model.modules())
+    monkeypatch.undo()
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
     # float32 activations, or PARDEC_KERNELS=0: torch's kernels.
     for weights, torch_s in (("int4", Int4Linear), ("int8", Int8Linear)):
         float32, _ = load_model(path, dtype="float32", device="cpu", weights=weights)

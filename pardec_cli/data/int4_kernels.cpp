@@ -4,7 +4,9 @@
 //   pardec_q4::q4q8_mm    int8 activations (AVX512-VNNI), as llama.cpp multiplies Q4_1
 //                         by Q8_1: faster still for a few rows, further from the full model.
 //   pardec_q4::q8bf16_mm  int8 weights (one scale per output), bfloat16 activations
-//                         (AVX512-BF16): --weights int8's layers in bfloat16.
+//                         (AVX512-BF16): --weights int8's layers in bfloat16;
+//   pardec_q4::bf16_mm    bfloat16 weights and activations (AVX512-BF16): dense layers
+//                         in bfloat16 on a CPU without AMX.
 // Built at run time by torch.utils.cpp_extension (pardec_cli/kernels.py).
 //
 // Weights: uint8 [N/16, K/32, 320], one 320-byte record per block of 16 outputs and
@@ -316,15 +318,72 @@ at::Tensor q8bf16_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
   return out;
 }
 
+// ---- bfloat16 weights and activations (AVX512-BF16). Weights: bfloat16 [N/16, K/2, 16, 2],
+// as the int8 layout above; y[r, n] = sum_k w[n, k] x[r, k], two sums per row.
+template <int R>
+__attribute__((target("avx512bf16"))) void block_rows_b16(const c10::BFloat16* x, int64_t K, const c10::BFloat16* w,
+                                                          c10::BFloat16* out, int64_t ldo) {
+  __m512 even[R], odd[R];
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 4) {  // 128 bytes: inputs k, k + 1 (64 bytes) and k + 2, k + 3
+    const c10::BFloat16* line = w + k * kBlock;
+    _mm_prefetch(reinterpret_cast<const char*>(line) + kPrefetch, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(line) + kPrefetch + 64, _MM_HINT_T0);
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(line), w1 = (__m512bh)_mm512_loadu_si512(line + 32);
+    for (int r = 0; r < R; ++r) {
+      const c10::BFloat16* xr = x + r * K + k;
+      int32_t xa, xb;
+      __builtin_memcpy(&xa, xr, 4);
+      __builtin_memcpy(&xb, xr + 2, 4);
+      even[r] = _mm512_dpbf16_ps(even[r], w0, (__m512bh)_mm512_set1_epi32(xa));
+      odd[r] = _mm512_dpbf16_ps(odd[r], w1, (__m512bh)_mm512_set1_epi32(xb));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), to_bf16(_mm512_add_ps(even[r], odd[r])));
+  }
+}
+
+using BlockRowsB16 = void (*)(const c10::BFloat16*, int64_t, const c10::BFloat16*, c10::BFloat16*, int64_t);
+constexpr BlockRowsB16 kBlockRowsB16[kMaxRowsBf16 + 1] = {nullptr, block_rows_b16<1>, block_rows_b16<2>, block_rows_b16<3>,
+                                                         block_rows_b16<4>, block_rows_b16<5>, block_rows_b16<6>,
+                                                         block_rows_b16<7>, block_rows_b16<8>};
+
+at::Tensor bf16_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu() && x_in.scalar_type() == at::kBFloat16, "bf16_mm: x must be 2-D bfloat16 on a CPU");
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == kBlock && w.size(3) == 2 && w.scalar_type() == at::kBFloat16 && w.is_contiguous(),
+              "bf16_mm: w must be contiguous bfloat16 [N/16, K/2, 16, 2]");
+  const int64_t M = x_in.size(0), K = x_in.size(1), NB = n / kBlock;
+  TORCH_CHECK(K % 4 == 0 && n % kBlock == 0 && w.size(0) == NB && w.size(1) * 2 == K,
+              "bf16_mm: shapes do not match: x ", x_in.sizes(), ", w ", w.sizes(), ", n ", n);
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty({M, n}, x.options());
+  if (M == 0) return out;
+  const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* wp = w.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      for (int64_t r0 = 0; r0 < M; r0 += kMaxRowsBf16) {
+        const int64_t rows = std::min(kMaxRowsBf16, M - r0);
+        kBlockRowsB16[rows](xp + r0 * K, K, wp + nb * K * kBlock, op + r0 * n + nb * kBlock, n);
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pardec_q4, m) {
   m.def("q4q8_mm(Tensor x, Tensor w, int n) -> Tensor");
   m.def("q4bf16_mm(Tensor x, Tensor w, int n) -> Tensor");
   m.def("q8bf16_mm(Tensor x, Tensor w, Tensor scales, int n) -> Tensor");
+  m.def("bf16_mm(Tensor x, Tensor w, int n) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pardec_q4, CPU, m) {
   m.impl("q4q8_mm", &q4q8_mm);
   m.impl("q4bf16_mm", &q4bf16_mm);
   m.impl("q8bf16_mm", &q8bf16_mm);
+  m.impl("bf16_mm", &bf16_mm);
 }

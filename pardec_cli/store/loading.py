@@ -190,7 +190,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pardec_cli.hardware import cpu_info
-    from pardec_cli.quant import pack_linears, quantize_head, quantize_linears, share_products, use_records
+    from pardec_cli.quant import head_on_records, pack_linears, quantize_head, quantize_linears, share_products, use_records
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
@@ -204,7 +204,10 @@ def load_model(
     if q4q8:  # int4 codes, on pardec's kernel with int8 activations (`_own_kernels`)
         mode = "int4"
     records = None
-    if q4q8 or (mode in ("int4", "int8") and device == "cpu" and dtype == "bfloat16"):
+    # Dense bfloat16 layers stay on oneDNN's packing where AMX is (its tiles; pardec's
+    # kernel is measured faster only without them, docs/weights.md).
+    ours = mode in ("int4", "int8") or (mode == "full" and not cpu_info().has_amx_bf16)
+    if q4q8 or (ours and device == "cpu" and dtype == "bfloat16"):
         records = _own_kernels(device=device, q4q8=q4q8, notice=notice)
     with quiet_transformers():
         config = _load_config(path, model_type)
@@ -252,12 +255,14 @@ def load_model(
         quantize_linears(model, mode)
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
         quantize_head(model)
-    elif device == "cpu" and dtype == "bfloat16" and cpu_info().has_fast_bf16:  # dense layers on oneDNN's packing
-        pack_linears(model)
     model.eval()
-    if records is not None:  # layers quantized here rather than read as codes
+    if records is not None:  # layers on pardec's kernels (int4 ones not read as codes, int8, dense)
         use_records(model, records)
-    if mode in ("int4", "int8"):  # on a CPU, q/k/v and gate/up: one quantized call each when compiled
+        if mode == "full":
+            head_on_records(model)
+    if mode == "full" and device == "cpu" and dtype == "bfloat16" and cpu_info().has_fast_bf16:
+        pack_linears(model)  # dense layers pardec's kernel did not take: on oneDNN's packing
+    if mode in ("int4", "int8") or records is not None:  # on a CPU, q/k/v and gate/up: one call each when compiled
         share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     return model, tokenizer
 
