@@ -288,67 +288,10 @@ class Int4Records(nn.Module):
                 f"{self.activations} activations")  # fmt: skip
 
 
-class Int8Records(nn.Module):
-    """`Int8Linear` on pardec's CPU kernel ``pardec_q4::q8bf16_mm`` (AVX512-BF16): the
-    same codes q [N, K] and scales (as float32), y = (x @ q.T) * scale + bias with
-    bfloat16 activations and float32 sums, each row computed alone (a row's output does
-    not depend on the rows beside it). `blocks` is int8 [N/16, K/2, 16, 2] (`pack_pairs`).
-    A prefill of `DENSE_FROM_ROWS` rows or more, or other activations, multiplies the
-    dequantized weight."""
-
-    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, *, in_features: int, out_features: int,
-                 bias: torch.Tensor | None) -> None:  # fmt: skip
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("blocks", blocks)
-        self.register_buffer("scales", scales)  # [N] float32
-        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
-        #: As `Int4Records.shared_columns` (`share_products`).
-        self.shared_columns: tuple[int, int] | None = None
-
-    @classmethod
-    def from_int8(cls, layer: Int8Linear) -> Int8Records | None:
-        """The same codes and scales from a CPU `Int8Linear`; None where the kernel cannot
-        take the shape (outputs not whole blocks of 16, inputs not a multiple of 4)."""
-        n, k = layer.out_features, layer.in_features
-        if layer.weight_int8.device.type != "cpu" or n % RECORD_BLOCK or k % 4:
-            return None
-        bias = None if layer.bias is None else layer.bias.detach()
-        return cls(pack_pairs(layer.weight_int8), layer.scales.float().contiguous(), in_features=k, out_features=n, bias=bias)
-
-    def codes(self) -> torch.Tensor:
-        """q [N, K] int8."""
-        return self.blocks.permute(0, 2, 1, 3).reshape(self.out_features, self.in_features)
-
-    def dequantize(self) -> torch.Tensor:
-        """The dense weight [out, in] float32."""
-        return self.codes().float() * self.scales[:, None]
-
-    def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
-        if self.shared_columns is not None and torch.compiler.is_compiling():
-            lo, hi = self.shared_columns  # the group's product, sliced (as `Int4Records`)
-            whole = self.shared_blocks.shape[0] * RECORD_BLOCK
-            return torch.ops.pardec_q4.q8bf16_mm(x2d, self.shared_blocks, self.shared_scales, whole)[:, lo:hi]
-        return torch.ops.pardec_q4.q8bf16_mm(x2d, self.blocks, self.scales, self.out_features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2d = x.reshape(-1, self.in_features)
-        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.bfloat16:
-            y = nn.functional.linear(x2d, self.dequantize().to(x.dtype))
-        else:
-            y = self._matmul(x2d)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel, pardec's kernel"
-
-
-class BF16Records(nn.Module):
-    """A dense bfloat16 linear layer on pardec's CPU kernel ``pardec_q4::bf16_mm``
-    (AVX512-BF16): y = x @ W.T + bias, float32 sums, each row computed alone. `blocks` is
-    bfloat16 [N/16, K/2, 16, 2] (`pack_pairs`), the only copy of the weight. A prefill of
+class _PairRecords(nn.Module):
+    """A linear layer whose weight is pardec's pair layout, [N/16, K/2, 16, 2] (`pack_pairs`),
+    multiplied by one of pardec's CPU kernels for bfloat16 activations, each row computed
+    alone (a row's output does not depend on the rows beside it). A prefill of
     `DENSE_FROM_ROWS` rows or more, or other activations, multiplies the dense weight."""
 
     def __init__(self, blocks: torch.Tensor, *, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
@@ -359,26 +302,29 @@ class BF16Records(nn.Module):
         #: As `Int4Records.shared_columns` (`share_products`).
         self.shared_columns: tuple[int, int] | None = None
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> BF16Records | None:
-        """The layer's bfloat16 CPU weight in records; None where the kernel cannot take it
-        (another dtype or device, outputs not whole blocks of 16, inputs not a multiple of 4)."""
-        weight = linear.weight.detach()
+    @staticmethod
+    def takes(weight: torch.Tensor) -> bool:
+        """Whether the kernels take a [N, K] CPU weight: outputs in blocks of 16, inputs in 4s."""
         n, k = weight.shape
-        if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or n % RECORD_BLOCK or k % 4:
-            return None
-        bias = None if linear.bias is None else linear.bias.detach()
-        return cls(pack_pairs(weight), in_features=k, out_features=n, bias=bias)
+        return weight.device.type == "cpu" and n % RECORD_BLOCK == 0 and k % 4 == 0
+
+    def weight_rows(self) -> torch.Tensor:
+        """The weight as stored, [N, K] (int8 codes or bfloat16)."""
+        return self.blocks.permute(0, 2, 1, 3).reshape(self.out_features, self.in_features)
 
     def dequantize(self) -> torch.Tensor:
-        """The dense weight [out, in], bfloat16."""
-        return self.blocks.permute(0, 2, 1, 3).reshape(self.out_features, self.in_features)
+        """The dense weight [out, in]."""
+        raise NotImplementedError
+
+    def _product(self, x2d: torch.Tensor, shared: bool) -> torch.Tensor:
+        """x2d [M, K] times this layer's weight (`shared`: its group's whole weight)."""
+        raise NotImplementedError
 
     def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
         if self.shared_columns is not None and torch.compiler.is_compiling():
             lo, hi = self.shared_columns  # the group's product, sliced (as `Int4Records`)
-            return torch.ops.pardec_q4.bf16_mm(x2d, self.shared_blocks, self.shared_blocks.shape[0] * RECORD_BLOCK)[:, lo:hi]
-        return torch.ops.pardec_q4.bf16_mm(x2d, self.blocks, self.out_features)
+            return self._product(x2d, shared=True)[:, lo:hi]
+        return self._product(x2d, shared=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
@@ -389,6 +335,65 @@ class BF16Records(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class Int8Records(_PairRecords):
+    """`Int8Linear` on pardec's CPU kernel ``pardec_q4::q8bf16_mm`` (AVX512-BF16): the
+    same codes q [N, K] and scales (as float32), y = (x @ q.T) * scale + bias with
+    bfloat16 activations and float32 sums (`_PairRecords`)."""
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, *, in_features: int, out_features: int,
+                 bias: torch.Tensor | None) -> None:  # fmt: skip
+        super().__init__(blocks, in_features=in_features, out_features=out_features, bias=bias)
+        self.register_buffer("scales", scales)  # [N] float32
+
+    @classmethod
+    def from_int8(cls, layer: Int8Linear) -> Int8Records | None:
+        """The same codes and scales from a CPU `Int8Linear`; None where the kernel cannot take it."""
+        if not cls.takes(layer.weight_int8):
+            return None
+        bias = None if layer.bias is None else layer.bias.detach()
+        return cls(pack_pairs(layer.weight_int8), layer.scales.float().contiguous(), in_features=layer.in_features,
+                   out_features=layer.out_features, bias=bias)  # fmt: skip
+
+    def codes(self) -> torch.Tensor:
+        """q [N, K] int8."""
+        return self.weight_rows()
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight [out, in] float32."""
+        return self.codes().float() * self.scales[:, None]
+
+    def _product(self, x2d: torch.Tensor, shared: bool) -> torch.Tensor:
+        if shared:
+            return torch.ops.pardec_q4.q8bf16_mm(x2d, self.shared_blocks, self.shared_scales, self.shared_blocks.shape[0] * RECORD_BLOCK)
+        return torch.ops.pardec_q4.q8bf16_mm(x2d, self.blocks, self.scales, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel, pardec's kernel"
+
+
+class BF16Records(_PairRecords):
+    """A dense bfloat16 linear layer on pardec's CPU kernel ``pardec_q4::bf16_mm``
+    (AVX512-BF16): y = x @ W.T + bias, float32 sums (`_PairRecords`); `blocks` is the only
+    copy of the weight."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> BF16Records | None:
+        """The layer's bfloat16 CPU weight in records; None where the kernel cannot take it."""
+        weight = linear.weight.detach()
+        if weight.dtype != torch.bfloat16 or not cls.takes(weight):
+            return None
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(pack_pairs(weight), in_features=linear.in_features, out_features=linear.out_features, bias=bias)
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight [out, in], bfloat16."""
+        return self.weight_rows()
+
+    def _product(self, x2d: torch.Tensor, shared: bool) -> torch.Tensor:
+        blocks = self.shared_blocks if shared else self.blocks
+        return torch.ops.pardec_q4.bf16_mm(x2d, blocks, blocks.shape[0] * RECORD_BLOCK)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16, pardec's kernel"
@@ -411,9 +416,8 @@ class BF16Head(nn.Module):
 
     @staticmethod
     def fits(head: nn.Module) -> bool:
-        """Whether `head` is a bfloat16 CPU nn.Linear the kernel takes (outputs in 16s, inputs in 4s)."""
-        return (isinstance(head, nn.Linear) and head.weight.device.type == "cpu" and head.weight.dtype == torch.bfloat16
-                and head.out_features % RECORD_BLOCK == 0 and head.in_features % 4 == 0)  # fmt: skip
+        """Whether `head` is a bfloat16 nn.Linear the kernel takes (`_PairRecords.takes`)."""
+        return isinstance(head, nn.Linear) and head.weight.dtype == torch.bfloat16 and _PairRecords.takes(head.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
@@ -905,7 +909,7 @@ def _share_key(m: nn.Module) -> tuple[object, ...] | None:
     layer that cannot join (CPU int4 layers only, in whole blocks of their packing)."""
     if isinstance(m, Int4Records) and m.shared_columns is None:
         return (Int4Records, m.in_features, m.activations)
-    if isinstance(m, (Int8Records, BF16Records)) and m.shared_columns is None:
+    if isinstance(m, _PairRecords) and m.shared_columns is None:
         return (type(m), m.in_features)
     if isinstance(m, Int4Linear) and m.packed.device.type == "cpu" and m.shared_columns is None:
         block = cpu_pack_block()
@@ -919,7 +923,7 @@ def _share(members: list[nn.Module]) -> None:
     `Int8Records`' and `BF16Records`' records of 16 outputs) and make each member's a view of it;
     `Int4Linear` members also get the group's scales beside their own (see
     `share_products`), `Int8Records` members the group's [N_total] scales."""
-    records = isinstance(members[0], (Int4Records, Int8Records, BF16Records))
+    records = isinstance(members[0], (Int4Records, _PairRecords))
     name, rows = ("blocks", RECORD_BLOCK) if records else ("packed", 1)
     whole = torch.cat([getattr(m, name) for m in members])  # [N_total / rows, ...]
     scales = None
@@ -998,7 +1002,7 @@ def row_tile(model: nn.Module) -> int:
         return 1
     if any(isinstance(m, Int4Linear) for m in model.modules()):
         return CPU_INT4_ROW_TILE
-    return RECORD_ROW_TILE if any(isinstance(m, (Int4Records, Int8Records, BF16Records)) for m in model.modules()) else 1
+    return RECORD_ROW_TILE if any(isinstance(m, (Int4Records, _PairRecords)) for m in model.modules()) else 1
 
 
 def weights_label(model: nn.Module) -> str:
@@ -1017,6 +1021,6 @@ def weights_label(model: nn.Module) -> str:
 def kernel_suffix(model: nn.Module) -> str:
     """"+pardec" where int4, int8 or dense layers run pardec's bfloat16 kernels, else "": a step's
     cost depends on the kernel, so what auto learns about steps keeps them apart."""
-    ours = any((isinstance(m, Int4Records) and m.activations == "bfloat16") or isinstance(m, (Int8Records, BF16Records))
+    ours = any((isinstance(m, Int4Records) and m.activations == "bfloat16") or isinstance(m, (_PairRecords, BF16Head))
                for m in model.modules())  # fmt: skip
     return "+pardec" if ours else ""

@@ -157,7 +157,7 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
 
 def _kernels_line(k: dict[str, Any]) -> str:
     """pardec's own kernels: what they do here, in one line."""
-    uses = ", ".join(what for name, what in (("bfloat16", "int4 and int8 in bfloat16"), ("int8", "--weights q4q8")) if k[name])
+    uses = ", ".join(what for name, what in (("bfloat16", "int4, int8 and full weights in bfloat16"), ("int8", "--weights q4q8")) if k[name])
     if not uses:
         return "torch's (this CPU lacks AVX512-BF16 and AVX512-VNNI for pardec's)"
     if not k["enabled"]:
@@ -166,7 +166,7 @@ def _kernels_line(k: dict[str, Any]) -> str:
     if status == "built":
         return f"pardec's, built in {k['dir']}: {uses}"
     if status == "not built":
-        return f"pardec's for {uses}: not built yet (the first int4 or int8 load builds them in the background)"
+        return f"pardec's for {uses}: not built yet (the first load in bfloat16 builds them in the background)"
     return f"pardec's for {uses}: {status} ({k['dir']})"
 
 
