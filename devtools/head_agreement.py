@@ -46,8 +46,8 @@ def main() -> None:
     from pardec_cli.home import kernels_dir
 
     path = resolve_model(args.model).path
+    os.environ["PARDEC_KERNELS"] = "0"  # the reference on torch's kernels; torch's int4 and int8 kernels
     full, tokenizer = load_model(path, dtype=args.dtype, device="cpu", weights="full")
-    os.environ["PARDEC_KERNELS"] = "0"  # torch's int4 kernel
     int4, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int4")
     int8, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int8")
     head = int4.get_output_embeddings()
@@ -93,10 +93,11 @@ def main() -> None:
             os.environ["PARDEC_KERNELS"] = "1"
             own, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int4")
             assert any(isinstance(m, Int4Records) for m in own.modules()), "int4 in bfloat16 loads on pardec's kernel"
-            configs.append(("int4 on pardec's kernel, Int8Head", own, own.get_output_embeddings()))
+            configs.append((f"int4 on pardec's, {type(own.get_output_embeddings()).__name__}", own, own.get_output_embeddings()))
+            configs.append(("int4 on pardec's, Int8Head", own, Int8Head(dense)))
             own8, _ = load_model(path, dtype=args.dtype, device="cpu", weights="int8")
             assert any(isinstance(m, Int8Records) for m in own8.modules()), "int8 in bfloat16 loads on pardec's kernel"
-            configs.append(("int8 on pardec's kernel, Int8Head", own8, own8.get_output_embeddings()))
+            configs.append((f"int8 on pardec's, {type(own8.get_output_embeddings()).__name__}", own8, own8.get_output_embeddings()))
         if kernels.cpu_supported(flags, "int8"):
             q4q8, _ = load_model(path, dtype=args.dtype, device="cpu", weights="q4q8")
             configs.append(("q4q8 decoder, Int8Head", q4q8, q4q8.get_output_embeddings()))

@@ -298,7 +298,7 @@ def weight_bytes(model: Any) -> int:
         if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             total += storage.nbytes()
-    from pardec_cli.quant import BF16Head, Int4Linear, Int8Head
+    from pardec_cli.quant import BF16Head, Int4Linear, Int8Head, Int8RecordsHead
 
     # A layer sharing its group's product reads the group's scales; its own copy serves eager steps.
     total -= sum(m.scales_and_zeros.untyped_storage().nbytes() for m in model.modules()
@@ -308,11 +308,11 @@ def weight_bytes(model: Any) -> int:
     output = get_out() if get_out else None
     # An Int8Head (BF16Head) multiplies through its int8 (records) copy, a buffer; its dense weight, when
     # not the tied embedding (handled below), is there for readers of get_output_embeddings() only.
-    if isinstance(output, (Int8Head, BF16Head)) and (embedding is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
+    if isinstance(output, (Int8Head, Int8RecordsHead, BF16Head)) and (embedding is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
         total -= output.weight.untyped_storage().nbytes()
     if embedding is None:
         return total
-    head_reads_it = output is not None and not isinstance(output, (Int8Head, BF16Head)) and \
+    head_reads_it = output is not None and not isinstance(output, (Int8Head, Int8RecordsHead, BF16Head)) and \
         output.weight.data_ptr() == embedding.weight.data_ptr()  # fmt: skip
     if not head_reads_it:
         total -= embedding.weight.numel() * embedding.weight.element_size()

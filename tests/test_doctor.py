@@ -80,6 +80,16 @@ def test_a_head_on_pardec_s_bfloat16_kernel_counts_its_copy_once(tied: bool) -> 
     assert weight_bytes(model) == dense  # the records copy is read instead of the dense weight
 
 
+def test_a_head_on_pardec_s_int8_kernel_counts_its_codes_scales_and_column_factors() -> None:
+    from pardec_cli.quant import Int8RecordsHead
+
+    model = tiny_llama(vocab=96, layers=2, hidden=32)
+    model.lm_head.weight = model.model.embed_tokens.weight
+    tied = weight_bytes(model)
+    model.set_output_embeddings(Int8RecordsHead(model.lm_head))
+    assert weight_bytes(model) == tied - 96 * 32 * 4 + 96 * 32 + 96 * 4 + 32 * 4
+
+
 def test_weight_bytes_follow_the_dtype():
     model = tiny_llama(vocab=96, layers=2, hidden=32)
     fp32 = weight_bytes(model)

@@ -218,6 +218,27 @@ def test_a_bfloat16_head_on_pardec_s_kernel_keeps_the_dense_weight_for_its_reade
 
 
 @needs_bf16
+def test_an_int8_head_on_pardec_s_kernel_computes_each_row_s_logits_alone(kernel_dir: Path) -> None:
+    model = tiny_llama(0, vocab=96, layers=1, hidden=32).bfloat16()
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's
+    dense = model.lm_head
+    assert quant.quantize_head(model, ours=True)
+    head = model.get_output_embeddings()
+    assert isinstance(head, quant.Int8RecordsHead) and head.weight is dense.weight  # shared, not copied
+    x = torch.randn(9, 32).bfloat16()
+    together = head(x)
+    assert (together.float() - dense(x).float()).norm() < 0.02 * dense(x).float().norm()  # int8 weights
+    assert all(torch.equal(head(x[i : i + 1]), together[i : i + 1]) for i in range(9))
+    long = torch.randn(300, 32).bfloat16()  # a long prefill multiplies the dense weight
+    assert torch.equal(head(long), dense(long))
+    # Where the kernel cannot take the head (90 outputs), or without `ours`: Int8Head.
+    odd = tiny_llama(0, vocab=90, layers=1, hidden=32).bfloat16()
+    assert quant.quantize_head(odd, ours=True) and isinstance(odd.get_output_embeddings(), quant.Int8Head)
+    plain = tiny_llama(0, vocab=96, layers=1, hidden=32).bfloat16()
+    assert quant.quantize_head(plain) and isinstance(plain.get_output_embeddings(), quant.Int8Head)
+
+
+@needs_bf16
 def test_an_int8_row_s_product_does_not_depend_on_the_rows_beside_it(kernel_dir: Path) -> None:
     layer = Int8Records.from_int8(Int8Linear.from_weight(torch.randn(128, 64).bfloat16()))
     assert layer is not None
@@ -364,6 +385,7 @@ def test_int4_in_bfloat16_takes_pardec_s_kernel_once_built_in_the_store(
         model, _ = load_model(path, dtype="bfloat16", device="cpu", weights=weights)
         layer = model.model.layers[0].self_attn.q_proj
         assert isinstance(layer, Int4Records) and layer.activations == "bfloat16"
+        assert isinstance(model.get_output_embeddings(), quant.Int8RecordsHead)
         assert quant.weights_label(model) == "int4"
     # int8 weights in bfloat16 too, their layers of one input sharing a call.
     model, _ = load_model(path, dtype="bfloat16", device="cpu", weights="int8")

@@ -254,7 +254,7 @@ def load_model(
     if not stored_blocks:
         quantize_linears(model, mode)
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
-        quantize_head(model)
+        quantize_head(model, ours=records == "bfloat16")
     model.eval()
     if records is not None:  # layers on pardec's kernels (int4 ones not read as codes, int8, dense)
         use_records(model, records)
