@@ -36,6 +36,17 @@ namespace {
 
 constexpr int64_t kGroup = 32, kBlock = 16, kRecord = 320, kMaxRows = 8, kPrefetch = 64 * kRecord;
 
+// Blocks of 16 outputs split over torch's threads, each block's rows in passes of at most
+// `pass`: run(rows, r0, nb) computes rows r0 .. r0 + rows - 1 of block nb.
+template <typename Run>
+void over_blocks(int64_t M, int64_t NB, int64_t pass, const Run& run) {
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      for (int64_t r0 = 0; r0 < M; r0 += pass) run(std::min(pass, M - r0), r0, nb);
+    }
+  });
+}
+
 // 16 floats to bfloat16, rounded to nearest even (as torch rounds); no AVX512-BF16 needed.
 inline __m256i to_bf16(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
@@ -131,13 +142,8 @@ void multiply(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, int64_t
   }
   In* op = out.data_ptr<In>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      for (int64_t r0 = 0; r0 < M; r0 += kMaxRows) {
-        const int64_t rows = std::min(kMaxRows, M - r0);
-        kBlockRows<In>[rows](qp + r0 * K, dp + r0 * G, sp + r0 * G, K, G, wp + nb * G * kRecord, op + r0 * n + nb * kBlock, n);
-      }
-    }
+  over_blocks(M, NB, kMaxRows, [&](int64_t rows, int64_t r0, int64_t nb) {
+    kBlockRows<In>[rows](qp + r0 * K, dp + r0 * G, sp + r0 * G, K, G, wp + nb * G * kRecord, op + r0 * n + nb * kBlock, n);
   });
 }
 
@@ -241,13 +247,8 @@ at::Tensor q4bf16_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
   for (int64_t i = 0; i < M * G; ++i) sp[i] = _mm512_reduce_add_ps(_mm512_add_ps(from_bf16(xp + i * kGroup), from_bf16(xp + i * kGroup + 16)));
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      for (int64_t r0 = 0; r0 < M; r0 += kMaxRowsBf16) {
-        const int64_t rows = std::min(kMaxRowsBf16, M - r0);
-        kBlockRowsBf16[rows](xp + r0 * K, sp + r0 * G, K, G, wp + nb * G * kRecord, op + r0 * n + nb * kBlock, n);
-      }
-    }
+  over_blocks(M, NB, kMaxRowsBf16, [&](int64_t rows, int64_t r0, int64_t nb) {
+    kBlockRowsBf16[rows](xp + r0 * K, sp + r0 * G, K, G, wp + nb * G * kRecord, op + r0 * n + nb * kBlock, n);
   });
   return out;
 }
@@ -307,13 +308,8 @@ at::Tensor q8bf16_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      for (int64_t r0 = 0; r0 < M; r0 += kMaxRowsBf16) {
-        const int64_t rows = std::min(kMaxRowsBf16, M - r0);
-        kBlockRowsQ8[rows](xp + r0 * K, K, wp + nb * K * kBlock, sp + nb * kBlock, op + r0 * n + nb * kBlock, n);
-      }
-    }
+  over_blocks(M, NB, kMaxRowsBf16, [&](int64_t rows, int64_t r0, int64_t nb) {
+    kBlockRowsQ8[rows](xp + r0 * K, K, wp + nb * K * kBlock, sp + nb * kBlock, op + r0 * n + nb * kBlock, n);
   });
   return out;
 }
@@ -362,13 +358,8 @@ at::Tensor bf16_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
   const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   const c10::BFloat16* wp = w.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      for (int64_t r0 = 0; r0 < M; r0 += kMaxRowsBf16) {
-        const int64_t rows = std::min(kMaxRowsBf16, M - r0);
-        kBlockRowsB16[rows](xp + r0 * K, K, wp + nb * K * kBlock, op + r0 * n + nb * kBlock, n);
-      }
-    }
+  over_blocks(M, NB, kMaxRowsBf16, [&](int64_t rows, int64_t r0, int64_t nb) {
+    kBlockRowsB16[rows](xp + r0 * K, K, wp + nb * K * kBlock, op + r0 * n + nb * kBlock, n);
   });
   return out;
 }
