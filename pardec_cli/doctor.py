@@ -283,7 +283,7 @@ def weight_bytes(model: Any) -> int:
     Every parameter and buffer's storage once (tied weights are one tensor; layers
     sharing a packed weight hold views of it), less the scales such layers keep for eager
     steps (`quant.share_products`), less the input embedding when the output layer does
-    not multiply through it (untied, or a `quant.Int8Head`'s or `quant.BF16Head`'s copy): a lookup reads a
+    not multiply through it (untied, or a `quant.Int8Head`'s or `quant.RecordsHead`'s copy): a lookup reads a
     few of its rows.
     The KV cache a forward also reads is left out (small at a few hundred tokens).
     """
@@ -298,7 +298,7 @@ def weight_bytes(model: Any) -> int:
         if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             total += storage.nbytes()
-    from pardec_cli.quant import BF16Head, Int4Linear, Int8Head, Int8RecordsHead
+    from pardec_cli.quant import Int4Linear, Int8Head, RecordsHead
 
     # A layer sharing its group's product reads the group's scales; its own copy serves eager steps.
     total -= sum(m.scales_and_zeros.untyped_storage().nbytes() for m in model.modules()
@@ -306,13 +306,13 @@ def weight_bytes(model: Any) -> int:
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     embedding = get_in() if get_in else None
     output = get_out() if get_out else None
-    # An Int8Head (BF16Head) multiplies through its int8 (records) copy, a buffer; its dense weight, when
+    # An Int8Head (RecordsHead) multiplies through its int8 (records) copy, a buffer; its dense weight, when
     # not the tied embedding (handled below), is there for readers of get_output_embeddings() only.
-    if isinstance(output, (Int8Head, Int8RecordsHead, BF16Head)) and (embedding is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
+    if isinstance(output, (Int8Head, RecordsHead)) and (embedding is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
         total -= output.weight.untyped_storage().nbytes()
     if embedding is None:
         return total
-    head_reads_it = output is not None and not isinstance(output, (Int8Head, Int8RecordsHead, BF16Head)) and \
+    head_reads_it = output is not None and not isinstance(output, (Int8Head, RecordsHead)) and \
         output.weight.data_ptr() == embedding.weight.data_ptr()  # fmt: skip
     if not head_reads_it:
         total -= embedding.weight.numel() * embedding.weight.element_size()

@@ -401,19 +401,40 @@ class BF16Records(_PairRecords):
         return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16, pardec's kernel"
 
 
-class BF16Head(nn.Module):
-    """A dense bfloat16 output head on pardec's CPU kernel (``pardec_q4::bf16_mm``) over a
-    records copy of its weight: the step's largest product read at the kernel's rate
-    rather than aten ``mm``'s, each row's logits computed alone. `weight` and `bias` stay
-    the dense tensors (shared, not copied) for readers of ``get_output_embeddings()``
-    and for prefills of `DENSE_FROM_ROWS` rows or more; the copy costs the weight's bytes
-    once more in memory (a tied head's embedding keeps its own)."""
+class RecordsHead(nn.Module):
+    """An output head on one of pardec's CPU kernels over a copy of its weight in pardec's
+    layout, each row's logits computed alone. `weight` and `bias` stay the dense tensors
+    (shared, not copied) for readers of ``get_output_embeddings()`` and for prefills of
+    `DENSE_FROM_ROWS` rows or more, or other activations."""
 
     def __init__(self, dense: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = dense.in_features, dense.out_features
         self.weight = dense.weight  # [V, K], the tied embedding for SmolLM2-style models
         self.bias = dense.bias
+
+    def _product(self, x2d: torch.Tensor) -> torch.Tensor:
+        """Bfloat16 x2d [M, K] -> logits [M, V] on the kernel."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.bfloat16:
+            y = nn.functional.linear(x2d, self.weight.to(x.dtype))
+        else:
+            y = self._product(x2d)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class BF16Head(RecordsHead):
+    """A dense bfloat16 output head on ``pardec_q4::bf16_mm`` (`RecordsHead`): the step's
+    largest product read at the kernel's rate rather than aten ``mm``'s. The records copy
+    costs the weight's bytes once more in memory (a tied head's embedding keeps its own)."""
+
+    def __init__(self, dense: nn.Linear) -> None:
+        super().__init__(dense)
         self.register_buffer("blocks", pack_pairs(dense.weight.detach()), persistent=False)  # [V/16, K/2, 16, 2]
 
     @staticmethod
@@ -421,15 +442,8 @@ class BF16Head(nn.Module):
         """Whether `head` is a bfloat16 nn.Linear the kernel takes (`_PairRecords.takes`)."""
         return isinstance(head, nn.Linear) and head.weight.dtype == torch.bfloat16 and _PairRecords.takes(head.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2d = x.reshape(-1, self.in_features)
-        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.bfloat16:
-            y = nn.functional.linear(x2d, self.weight.to(x.dtype))
-        else:
-            y = torch.ops.pardec_q4.bf16_mm(x2d, self.blocks, self.out_features)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+    def _product(self, x2d: torch.Tensor) -> torch.Tensor:
+        return torch.ops.pardec_q4.bf16_mm(x2d, self.blocks, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16, pardec's kernel"
@@ -698,11 +712,7 @@ class Int8Head(nn.Module):
         self.in_features, self.out_features = dense.in_features, dense.out_features
         self.weight = dense.weight  # [V, K], the tied embedding for SmolLM2-style models
         self.bias = dense.bias
-        w = dense.weight.detach().float()  # [V, K]
-        smooth = w.abs().amax(dim=0).clamp(min=1e-12).sqrt()  # [K]
-        w = w / smooth
-        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [V]
-        codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [V, K]
+        codes, scales, smooth = smoothed_int8(dense.weight)  # [V, K] int8, [V], [K]
         self.register_buffer("scales", scales)  # [V] float32
         self.register_buffer("smooth", smooth)  # [K] float32
         found = None if prepack is False else onednn_int8_packed(codes, scales, timed=prepack is None)
@@ -742,47 +752,42 @@ class Int8Head(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 x two int8 passes ({self.kernel})"
 
 
-class Int8RecordsHead(nn.Module):
-    """The output head's logits on pardec's int8 kernel (``pardec_q4::q8bf16_mm``): int8
-    codes with one scale per vocabulary row, bfloat16 activations, float32 sums, each
-    row's logits computed alone (as `Int8Head`'s). One pass over the codes where
-    `Int8Head` makes two int8 passes through oneDNN: 0.51 against 0.82 ms for SmolLM2's
-    49152 x 576 head at one row (docs/weights.md). `weight` and `bias` stay the dense
-    tensors (shared, not copied) for readers of ``get_output_embeddings()`` and for
-    prefills of `DENSE_FROM_ROWS` rows or more."""
+class Int8RecordsHead(RecordsHead):
+    """The output head's logits on pardec's int8 kernel (``pardec_q4::q8bf16_mm``,
+    `RecordsHead`): `Int8Head`'s smoothed int8 codes (`smoothed_int8`), bfloat16
+    activations, float32 sums. One pass over the codes where `Int8Head` makes two int8
+    passes through oneDNN: 0.51 against 0.82 ms for SmolLM2's 49152 x 576 head at one row
+    (docs/weights.md)."""
 
     def __init__(self, dense: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = dense.in_features, dense.out_features
-        self.weight = dense.weight  # [V, K], the tied embedding for SmolLM2-style models
-        self.bias = dense.bias
-        w = dense.weight.detach().float()  # [V, K]
-        # Columns divided by sqrt(max |W[:, j]|) and the activations multiplied by it, as
-        # `Int8Head` does: the rows' scales are then set less by a few large columns.
-        smooth = w.abs().amax(dim=0).clamp(min=1e-12).sqrt()  # [K]
-        codes = Int8Linear.from_weight(w / smooth)
+        super().__init__(dense)
+        codes, scales, smooth = smoothed_int8(dense.weight)
         self.register_buffer("smooth", smooth)  # [K] float32
-        self.register_buffer("blocks", pack_pairs(codes.weight_int8))  # [V/16, K/2, 16, 2] int8
-        self.register_buffer("scales", codes.scales.float())  # [V]
+        self.register_buffer("blocks", pack_pairs(codes))  # [V/16, K/2, 16, 2] int8
+        self.register_buffer("scales", scales)  # [V] float32
 
     @staticmethod
     def fits(head: nn.Module) -> bool:
         """Whether `head` is a CPU nn.Linear the kernel takes (`_PairRecords.takes`)."""
         return isinstance(head, nn.Linear) and _PairRecords.takes(head.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2d = x.reshape(-1, self.in_features)
-        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.bfloat16:
-            y = nn.functional.linear(x2d, self.weight.to(x.dtype))
-        else:
-            smoothed = (x2d.float() * self.smooth).to(x2d.dtype)
-            y = torch.ops.pardec_q4.q8bf16_mm(smoothed, self.blocks, self.scales, self.out_features)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+    def _product(self, x2d: torch.Tensor) -> torch.Tensor:
+        smoothed = (x2d.float() * self.smooth).to(x2d.dtype)
+        return torch.ops.pardec_q4.q8bf16_mm(smoothed, self.blocks, self.scales, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row, pardec's kernel"
+
+
+def smoothed_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A head's int8 codes as `Int8Head` and `Int8RecordsHead` hold them: each input column
+    j divided by ``c[j] = sqrt(max |W[:, j]|)`` (SmoothQuant's alpha 0.5, from the weight
+    alone; the activations are multiplied by it), then one symmetric scale per row. Returns
+    (codes int8 [V, K], scales float32 [V], c float32 [K])."""
+    w = weight.detach().float()  # [V, K]
+    smooth = w.abs().amax(dim=0).clamp(min=1e-12).sqrt()  # [K]
+    rows = Int8Linear.from_weight(w / smooth)
+    return rows.weight_int8, rows.scales, smooth
 
 
 @torch.library.custom_op("pardec::onednn_int8_mm", mutates_args=())
@@ -1064,9 +1069,15 @@ def weights_label(model: nn.Module) -> str:
     return "full"
 
 
+def own_kernel_activations(module: nn.Module) -> str | None:
+    """The activations `module` multiplies on pardec's own kernels ("bfloat16" or "int8"),
+    None for a module that calls none of them."""
+    if isinstance(module, Int4Records):
+        return module.activations
+    return "bfloat16" if isinstance(module, (_PairRecords, RecordsHead)) else None
+
+
 def kernel_suffix(model: nn.Module) -> str:
     """"+pardec" where int4, int8 or dense layers run pardec's bfloat16 kernels, else "": a step's
     cost depends on the kernel, so what auto learns about steps keeps them apart."""
-    ours = any((isinstance(m, Int4Records) and m.activations == "bfloat16")
-               or isinstance(m, (_PairRecords, BF16Head, Int8RecordsHead)) for m in model.modules())  # fmt: skip
-    return "+pardec" if ours else ""
+    return "+pardec" if any(own_kernel_activations(m) == "bfloat16" for m in model.modules()) else ""

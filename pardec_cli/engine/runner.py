@@ -55,7 +55,7 @@ from pardec_cli.engine.static_cache import StaticKVCache, capacity_for
 from pardec_cli.engine.tree import ancestor_matrix, depths
 from pardec_cli.errors import PardecUsageError, first_line
 from pardec_cli import kernels
-from pardec_cli.quant import MERGE_SHARED_PRODUCTS, BF16Head, BF16Records, Int4Records, Int8Records, Int8RecordsHead, merge_shared_products
+from pardec_cli.quant import MERGE_SHARED_PRODUCTS, merge_shared_products, own_kernel_activations
 
 #: Steps with more rows than this (prefills, huge trees) run eagerly.
 MAX_COMPILED_ROWS = 64
@@ -143,9 +143,9 @@ def step_fingerprint(model: Any) -> str:
     # between machines, ATEN_CPU_CAPABILITY=avx2): inductor follows ATen's capability.
     isa = torch.backends.cpu.get_cpu_capability() if first.device.type == "cpu" else ""
     facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS, MERGE_SHARED_PRODUCTS, isa]
-    ours = [m for m in model.modules() if isinstance(m, (Int4Records, Int8Records, BF16Records, BF16Head, Int8RecordsHead))]
-    if ours:  # the graph calls pardec's own kernels (Int8Records, BF16Records: bfloat16 activations)
-        facts += [kernels.source_digest(), sorted({getattr(m, "activations", "bfloat16") for m in ours})]
+    ours = sorted({a for m in model.modules() if (a := own_kernel_activations(m)) is not None})
+    if ours:  # the graph calls pardec's own kernels
+        facts += [kernels.source_digest(), ours]
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
