@@ -259,6 +259,21 @@ at::Tensor q4bf16_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
 //   y[r, n] = scale[n] * sum_k q[n, k] x[r, k].
 // A code becomes bfloat16 exactly (|q| <= 127 needs 7 bits). Two sums per row (even and
 // odd pairs of pairs) shorten the chain of dependent dot products; they are added last.
+// Each row's sums over inputs k .. k + 3 of the pair layout: w0 holds 16 outputs' weights
+// for inputs k, k + 1 (into `even`), w1 for k + 2, k + 3 (into `odd`).
+template <int R>
+__attribute__((target("avx512bf16"), always_inline)) inline void dot_four(__m512* even, __m512* odd, __m512bh w0, __m512bh w1,
+                                                                          const c10::BFloat16* x, int64_t K, int64_t k) {
+  for (int r = 0; r < R; ++r) {
+    const c10::BFloat16* xr = x + r * K + k;
+    int32_t xa, xb;
+    __builtin_memcpy(&xa, xr, 4);
+    __builtin_memcpy(&xb, xr + 2, 4);
+    even[r] = _mm512_dpbf16_ps(even[r], w0, (__m512bh)_mm512_set1_epi32(xa));
+    odd[r] = _mm512_dpbf16_ps(odd[r], w1, (__m512bh)_mm512_set1_epi32(xb));
+  }
+}
+
 template <int R>
 __attribute__((target("avx512bf16"))) void block_rows_q8(const c10::BFloat16* x, int64_t K, const int8_t* w, const float* scale,
                                                          c10::BFloat16* out, int64_t ldo) {
@@ -273,14 +288,7 @@ __attribute__((target("avx512bf16"))) void block_rows_q8(const c10::BFloat16* x,
     const __m512 f2 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 2)));
     const __m512 f3 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 3)));
     const __m512bh w0 = _mm512_cvtne2ps_pbh(f1, f0), w1 = _mm512_cvtne2ps_pbh(f3, f2);
-    for (int r = 0; r < R; ++r) {
-      const c10::BFloat16* xr = x + r * K + k;
-      int32_t xa, xb;
-      __builtin_memcpy(&xa, xr, 4);
-      __builtin_memcpy(&xb, xr + 2, 4);
-      even[r] = _mm512_dpbf16_ps(even[r], w0, (__m512bh)_mm512_set1_epi32(xa));
-      odd[r] = _mm512_dpbf16_ps(odd[r], w1, (__m512bh)_mm512_set1_epi32(xb));
-    }
+    dot_four<R>(even, odd, w0, w1, x, K, k);
   }
   const __m512 s = _mm512_loadu_ps(scale);
   for (int r = 0; r < R; ++r) {
@@ -326,14 +334,7 @@ __attribute__((target("avx512bf16"))) void block_rows_b16(const c10::BFloat16* x
     _mm_prefetch(reinterpret_cast<const char*>(line) + kPrefetch, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(line) + kPrefetch + 64, _MM_HINT_T0);
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(line), w1 = (__m512bh)_mm512_loadu_si512(line + 32);
-    for (int r = 0; r < R; ++r) {
-      const c10::BFloat16* xr = x + r * K + k;
-      int32_t xa, xb;
-      __builtin_memcpy(&xa, xr, 4);
-      __builtin_memcpy(&xb, xr + 2, 4);
-      even[r] = _mm512_dpbf16_ps(even[r], w0, (__m512bh)_mm512_set1_epi32(xa));
-      odd[r] = _mm512_dpbf16_ps(odd[r], w1, (__m512bh)_mm512_set1_epi32(xb));
-    }
+    dot_four<R>(even, odd, w0, w1, x, K, k);
   }
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), to_bf16(_mm512_add_ps(even[r], odd[r])));
