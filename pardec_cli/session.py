@@ -253,8 +253,8 @@ class Session:
 
     @property
     def held_weights(self) -> str:
-        """How the weights are held and multiplied: `weights`, with "+pardec" where int4
-        layers run pardec's own kernel ("int4+pardec")."""
+        """How the weights are held and multiplied: `weights`, with "+pardec" where layers
+        run pardec's own bfloat16 kernels ("int4+pardec", `quant.kernel_suffix`)."""
         from pardec_cli.quant import kernel_suffix
 
         return self.weights + kernel_suffix(self.target.model)
@@ -263,7 +263,7 @@ class Session:
     def step_kind(self) -> str:
         """What one decoding step is here, for what its cost depends on (learning from use
         keeps the kinds apart): "bfloat16/int4/compiled", "bfloat16/int4+pardec/compiled"
-        (pardec's own int4 kernel)."""
+        (pardec's own kernels)."""
         from pardec_cli.selection.learned import step_kind
 
         return step_kind(self.dtype, self.held_weights, self.compiled)

@@ -176,10 +176,11 @@ def load_model(
     `device` a resolved device ("cpu", "cuda", "cuda:1", "mps"). `weights` says how the
     decoder's linear layers hold their weights: "full" (dense in `dtype`), "int8",
     "int4" (`pardec_cli.quant`; on a CPU the output head's logits then go through
-    `quant.Int8Head`; in bfloat16 on a CPU with AVX512-BF16, multiplied by pardec's own
-    kernel once it is built, `_own_kernels`), "q4q8" (int4 by int8 activations,
+    int8 too), "q4q8" (int4 by int8 activations,
     `quant.Int4Records`; `notice` hears when its kernel is built first) or "auto"
-    (`pardec_cli.weight_modes.resolve_weights`). A
+    (`pardec_cli.weight_modes.resolve_weights`). In bfloat16 on a CPU with AVX512-BF16,
+    int4, int8 and (without AMX) full weights and their head are multiplied by pardec's own
+    kernels once they are built (`_own_kernels`). A
     directory stored with a GGUF file's blocks kept (`store.quantized`) loads from
     them: exactly dequantized for "full", its 4-bit codes packed directly for "int4".
     The model uses SDPA
@@ -268,11 +269,10 @@ def load_model(
 
 
 def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | None) -> str | None:
-    """The activations quantized layers multiply on pardec's own kernels (`pardec_cli.kernels`,
-    `quant.Int4Records`, `quant.Int8Records`) in this load, loading the kernels; None for
-    torch's kernels.
+    """The activations layers multiply on pardec's own kernels (`pardec_cli.kernels`;
+    `quant.use_records`) in this load, loading the kernels; None for torch's kernels.
 
-    bfloat16 (int4 or int8 in bfloat16): where this CPU runs the kernel and it is built in
+    bfloat16 (int4, int8 or dense layers in bfloat16): where this CPU runs the kernel and it is built in
     the store; a first load starts its build in the background and keeps torch's kernel
     meanwhile. "int8" (``--weights q4q8``, asked for): the kernel is built now if need be,
     and a device or CPU without it is an error.
