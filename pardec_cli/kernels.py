@@ -3,8 +3,8 @@
 torch's CPU int4 kernel dequantizes every weight to float and tiles rows by 4, and its
 int8 one streams the weights at 25-30 GB/s for a few rows, short of the memory's rate on a
 few cores (docs/weights.md, "pardec's own int4 kernels"). ``data/int4_kernels.cpp`` holds
-four torch ops, two over one int4 layout (`quant.Int4Records`) and two over one layout of
-int8 or bfloat16 weights (`quant.Int8Records`, `quant.BF16Records`):
+four products, two over one int4 layout (`quant.Int4Records`) and two over one layout of
+int8 or bfloat16 weights (`quant.Int8Records`, `quant.BF16Records`), and an attention:
 
 - ``pardec_q4::q4bf16_mm``: bfloat16 activations, AVX512-BF16 dot products; torch's
   kernel's arithmetic, what int4 layers use in bfloat16;
@@ -13,7 +13,10 @@ int8 or bfloat16 weights (`quant.Int8Records`, `quant.BF16Records`):
 - ``pardec_q4::q8bf16_mm``: int8 weights by bfloat16 activations (AVX512-BF16), what
   ``--weights int8`` layers use in bfloat16;
 - ``pardec_q4::bf16_mm``: bfloat16 weights and activations, what dense layers use in
-  bfloat16 on a CPU with AVX512-BF16 and no AMX (oneDNN's packing read them slower).
+  bfloat16 on a CPU with AVX512-BF16 and no AMX (oneDNN's packing read them slower);
+- ``pardec_q4::attention``: a few query rows' attention over a bfloat16 cache, each row
+  alone, what the runner's steps use wherever the layers run on these kernels
+  (``engine.attention``, "pardec_kernel").
 
 They are compiled once per machine with torch's C++ extension builder into pardec's
 store. The first load in bfloat16 on a CPU that runs them starts a detached
@@ -202,6 +205,8 @@ def _register_fakes() -> None:
     torch.library.register_fake("pardec_q4::q4bf16_mm", out)
     torch.library.register_fake("pardec_q4::q8bf16_mm", lambda x, w, scales, n: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("pardec_q4::bf16_mm", lambda x, w, n: x.new_empty((x.shape[0], n)))
+    # query [B, H, R, D] -> output [B, R, H, D]
+    torch.library.register_fake("pardec_q4::attention", lambda q, k, v, mask, scaling: q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3])))
 
 
 if __name__ == "__main__":  # the detached builder: python -m pardec_cli.kernels BUILD_DIR

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from pardec_cli.engine.attention import CPU_ATTENTION, REDUCE_ROWS, attend, cpu_attention
-from pardec_cli.engine.runner import CompiledLanguageModel, runner_attention
+from pardec_cli.engine.attention import CPU_ATTENTION, KERNEL_ATTENTION, REDUCE_ROWS, attend, cpu_attention
+from pardec_cli.engine.runner import PRECOMPILE_OPTIONS, CompiledLanguageModel, runner_attention, step_options
 from tests.tiny_models import tiny_llama
 
 
@@ -77,3 +77,11 @@ def test_the_runner_uses_it_for_16_bit_cpu_steps_without_amx_and_keeps_sdpa_for_
     assert model.config._attn_implementation == CPU_ATTENTION
     assert CompiledLanguageModel.supports(model)  # a second runner over the same model
     assert runner_attention(model, amx=True) == "eager"  # a home shared with an AMX machine
+
+
+def test_only_steps_on_pardec_s_attention_op_keep_eager_s_roundings():
+    """emulate_precision_casts makes rows exact with the op and would round every product
+    of the broadcast-products attention (slower, no exactness gained there)."""
+    assert step_options(KERNEL_ATTENTION)["emulate_precision_casts"] is True
+    assert "emulate_precision_casts" not in step_options(CPU_ATTENTION) and "emulate_precision_casts" not in step_options("eager")
+    assert step_options(CPU_ATTENTION) == PRECOMPILE_OPTIONS

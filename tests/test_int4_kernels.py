@@ -29,6 +29,7 @@ INT8 = kernels.cpu_supported(cpu_info().flags, "int8")
 needs_bf16 = pytest.mark.skipif(not BF16, reason="this CPU lacks AVX512-BF16 (or torch runs below AVX512)")
 needs_vnni = pytest.mark.skipif(not INT8, reason="this CPU lacks AVX512-VNNI (or torch runs below AVX512)")
 KINDS = [pytest.param("bfloat16", marks=needs_bf16), pytest.param("int8", marks=needs_vnni)]
+AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 @pytest.fixture(scope="session")
@@ -359,6 +360,145 @@ def test_layers_of_one_input_share_records_and_compile_to_one_call_per_group(
     # then takes the other one.
     assert (traced.float() - after.float()).norm() < 0.02 * after.float().norm()
 
+
+
+# ---------------------------------------------------------------- attention
+
+
+def reference_attention(query, key, value, mask, scaling):
+    """[B, H, R, D] queries over [B, H_kv, W, D] keys and values with an additive mask, in
+    float64 -> [B, R, H, D]."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.double().repeat_interleave(groups, 1), value.double().repeat_interleave(groups, 1)
+    weights = (query.double() @ key.transpose(2, 3) * scaling + mask.double()).softmax(-1)
+    return (weights @ value).transpose(1, 2)
+
+
+def attention_inputs(rows: int, heads: int, kv_heads: int, dim: int, width: int, seed: int = 0):
+    """Queries of `rows` new tokens (the last rows of a `width`-key window, causal) over a
+    cache 8 keys longer than the window (what the runner's windows look like)."""
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(1, rows, heads, dim, generator=g).bfloat16().transpose(1, 2)  # a transposed view, as in a model
+    cache_k = torch.randn(1, kv_heads, width + 8, dim, generator=g).bfloat16()
+    cache_v = torch.randn(1, kv_heads, width + 8, dim, generator=g).bfloat16()
+    mask = torch.zeros(1, 1, rows, width)
+    for r in range(rows):
+        mask[0, 0, r, width - rows + r + 1 :] = torch.finfo(torch.float32).min
+    return query, cache_k, cache_v, mask
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 3, 9, 33])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 16), (2, 1, 48)])
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_attention_op_computes_softmax_attention(kernel_dir: Path, rows: int, heads: int, kv_heads: int, dim: int, mask_dtype) -> None:
+    query, cache_k, cache_v, mask = attention_inputs(rows, heads, kv_heads, dim, width=70)
+    key, value = cache_k[:, :, :70], cache_v[:, :, :70]  # windows of the cache: strided views
+    got = torch.ops.pardec_q4.attention(query, key, value, mask.to(mask_dtype), dim**-0.5)
+    expected = reference_attention(query, key, value, mask, dim**-0.5)
+    assert got.shape == (1, rows, heads, dim) and got.dtype == torch.bfloat16
+    assert (got.double() - expected).abs().max() < 0.01  # one bfloat16 rounding of values below 1
+
+
+@needs_bf16
+def test_an_attention_row_is_the_same_bits_alone_beside_other_rows_and_in_any_window(kernel_dir: Path) -> None:
+    """What makes bfloat16 speculation exact: a token's attention output does not depend on
+    the rows verified beside it nor on how far past its own keys the window reaches."""
+    query, cache_k, cache_v, mask = attention_inputs(12, 9, 3, 64, width=100)
+    together = torch.ops.pardec_q4.attention(query, cache_k[:, :, :100], cache_v[:, :, :100], mask, 0.125)
+    for r in (0, 5, 11):
+        seen = 100 - 12 + r + 1  # keys this row sees
+        for width in sorted({seen, min(seen + 3, 108), min(seen + 16, 108), 108}):  # the cache holds 108 keys
+            alone_mask = torch.full((1, 1, 1, width), torch.finfo(torch.float32).min)
+            alone_mask[..., :seen] = 0
+            alone = torch.ops.pardec_q4.attention(query[:, :, r : r + 1], cache_k[:, :, :width], cache_v[:, :, :width], alone_mask, 0.125)
+            assert torch.equal(alone[0, 0], together[0, r]), (r, width)
+
+
+
+@needs_bf16
+def test_an_attention_row_is_the_same_bits_wherever_its_keys_sit_in_the_window(kernel_dir: Path) -> None:
+    """A tree's row sees the cache and its ancestors, which sit at other slots than the same
+    tokens of a chain (siblings between them, masked): the same keys in the same order give
+    the same bits."""
+    query, cache_k, cache_v, _ = attention_inputs(1, 9, 3, 64, width=60)
+    sources = [*range(50), 56, 57, 58, 59]  # what the row sees: 50 cached keys, then 4 of its own
+    chain = torch.ops.pardec_q4.attention(query, cache_k[:, :, sources], cache_v[:, :, sources], torch.zeros(1, 1, 1, 54), 0.125)
+    # The same keys in a 64-key window: the last 4 at slots 50, 53, 57 and 58, the rest masked.
+    tree_k, tree_v = torch.zeros(1, 3, 64, 64).bfloat16(), torch.zeros(1, 3, 64, 64).bfloat16()
+    mask = torch.full((1, 1, 1, 64), torch.finfo(torch.float32).min)
+    for slot, source in zip([*range(50), 50, 53, 57, 58], sources):
+        tree_k[:, :, slot], tree_v[:, :, slot], mask[..., slot] = cache_k[:, :, source], cache_v[:, :, source], 0
+    tree = torch.ops.pardec_q4.attention(query, tree_k, tree_v, mask, 0.125)
+    assert torch.equal(tree, chain)
+
+@needs_bf16
+def test_bad_attention_inputs_are_errors_not_crashes(kernel_dir: Path) -> None:
+    query, cache_k, cache_v, mask = attention_inputs(2, 4, 2, 32, width=20)
+    key, value = cache_k[:, :, :20], cache_v[:, :, :20]
+    attention = torch.ops.pardec_q4.attention
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        attention(query.float(), key, value, mask, 0.1)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        attention(query, cache_k[:, :1, :20], value, mask, 0.1)  # 4 heads over 1 key head but 2 value heads
+    with pytest.raises(RuntimeError, match="mask"):
+        attention(query, key, value, mask[..., :19], 0.1)
+    with pytest.raises(RuntimeError, match="mask"):
+        attention(query, key, value, mask.double(), 0.1)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        attention(query[..., :24], key[..., :24], value[..., :24], mask, 0.1)  # head size not a multiple of 16
+
+
+@needs_bf16
+def test_kernel_attention_leaves_what_the_op_does_not_take_to_cpu_attention(kernel_dir: Path) -> None:
+    from pardec_cli.engine.attention import MAX_ROWS, cpu_attention, kernel_attention
+
+    class Module:
+        head_dim, num_key_value_groups, training = 32, 2, False
+
+    module = Module()
+    query, cache_k, cache_v, mask = attention_inputs(MAX_ROWS + 1, 4, 2, 32, width=80)
+    key, value = cache_k[:, :, :80], cache_v[:, :, :80]
+    for args, kwargs in [((query, key, value, mask.bfloat16()), {}),  # a prefill longer than MAX_ROWS
+                         ((query[:, :, :3], key, value, None), {}),  # no mask
+                         ((query[:, :, :3], key, value, mask[:, :, :3]), {"softcap": 30.0})]:  # fmt: skip
+        got, weights = kernel_attention(module, *args, **kwargs)
+        assert torch.equal(got, cpu_attention(module, *args, **kwargs)[0]) and weights is None
+    got, _ = kernel_attention(module, query[:, :, -3:], key, value, mask[:, :, -3:])
+    assert torch.equal(got, torch.ops.pardec_q4.attention(query[:, :, -3:], key, value, mask[:, :, -3:], 32**-0.5))
+
+
+@needs_bf16
+@pytest.mark.skipif(AMX, reason="with AMX the runner keeps transformers' attention (its bmm measured faster there)")
+def test_a_bfloat16_model_on_pardec_s_kernels_gets_the_same_logits_in_every_compiled_step(kernel_dir: Path, tmp_path: Path) -> None:
+    """On pardec's kernels (products, head and attention each computing a row alone) and
+    with eager's roundings kept in the compiled steps, a token's logits are the same bits
+    in the one-token step, a few rows' verify step and the wide one: bfloat16 speculation
+    gives plain decoding's tokens, near-ties included (a flat random model has many)."""
+    from pardec_cli.engine.attention import KERNEL_ATTENTION
+    from pardec_cli.engine.cache import rollback_to
+    from pardec_cli.engine.runner import DECODE, VERIFY, VERIFY_WIDE, CompiledLanguageModel, step_fingerprint
+    from tests.test_runner import run_on
+
+    model = tiny_llama(5, vocab=96, layers=2, hidden=64).bfloat16()
+    plain_fingerprint = step_fingerprint(model)
+    assert use_records(model, "bfloat16") == 2 * 7 and quant.head_on_records(model)
+    runner = CompiledLanguageModel(model, step_dir=tmp_path)
+    assert model.config._attn_implementation == KERNEL_ATTENTION and step_fingerprint(model) != plain_fingerprint
+    prompt, tokens = random_prompt(5), random_prompt(6)[:12]
+    with torch.inference_mode():
+        cache = runner.new_cache(len(prompt) + 2 * len(tokens))
+        runner.forward(prompt, cache, last_only=True)
+        alone = torch.stack([runner.forward([token], cache)[-1] for token in tokens])
+        for rows in (2, 8, 12):  # the verify graph, then the wide one
+            rollback_to(cache, len(prompt))
+            together = runner.forward(tokens[:rows], cache, parents=tuple(range(-1, rows - 2)))
+            assert torch.equal(together, alone[:rows]), rows
+    assert {kind for kind, state in runner.graph_states().items() if state.compile_seconds} == {DECODE, VERIFY, VERIFY_WIDE}
+    plain, _ = run_on(runner, "vanilla", {}, prompt, max_new_tokens=48)
+    for method, options in (("pld", {}), ("suffix+recycling", {}), ("suffix", {"max_nodes": 24})):
+        tokens_, _ = run_on(runner, method, options, prompt, max_new_tokens=48)
+        assert tokens_ == plain, method
 
 # -------------------------------------------------------------- loading and building
 

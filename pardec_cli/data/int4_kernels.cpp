@@ -6,7 +6,9 @@
 //   pardec_q4::q8bf16_mm  int8 weights (one scale per output), bfloat16 activations
 //                         (AVX512-BF16): --weights int8's layers in bfloat16;
 //   pardec_q4::bf16_mm    bfloat16 weights and activations (AVX512-BF16): dense layers
-//                         in bfloat16 on a CPU without AMX.
+//                         in bfloat16 on a CPU without AMX;
+//   pardec_q4::attention  a few query rows' attention over a bfloat16 cache (AVX512-BF16),
+//                         each row computed alone (engine/attention.py).
 // Built at run time by torch.utils.cpp_extension (pardec_cli/kernels.py).
 //
 // Weights: uint8 [N/16, K/32, 320], one 320-byte record per block of 16 outputs and
@@ -30,7 +32,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -365,6 +369,142 @@ at::Tensor bf16_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
   return out;
 }
 
+// ---- attention of a few query rows over a bfloat16 cache (AVX512-BF16). Every (row, head)
+// is computed by the same instructions whatever the other rows and however many keys the
+// window holds beyond the ones its mask lets through, or where in the window they sit:
+// scores in float32 (key blocks of 16, zero-padded), softmax in float32, its sum and the
+// output summed over the seen keys in order and rounded to bfloat16 once. So a token's attention output is the same bits in a decoding step and in
+// any verifying step.
+
+// Lane j of the result: the sum of the 16 lanes of v[j] (a transposed sum of 16 vectors).
+inline __m512 sum_lanes16(const __m512* v) {
+  __m512 s[8], t[4];
+  for (int i = 0; i < 8; ++i) s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(s[2 * i]), b = _mm512_castps_pd(s[2 * i + 1]);
+    t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xDD));
+  const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x88), _mm512_shuffle_f32x4(t[2], t[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+// exp(x) for x <= 0: Cephes' expf polynomial (about 1 ulp), exactly 0 below -87.3, so
+// masked keys weigh nothing.
+inline __m512 exp_nonpositive(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+constexpr int64_t kMaxHeadDim = 256;
+
+// One query row of one head: out[D] = softmax_w(q . k[w] * scaling + mask[w]) . v[w] over
+// w < W. `scores`: room for W rounded up to 16 floats.
+template <typename Mask>
+__attribute__((target("avx512bf16"))) void attend_row(const c10::BFloat16* q, const c10::BFloat16* k, const c10::BFloat16* v, int64_t ldk,
+                                                      int64_t ldv, const Mask* mask, int64_t W, int64_t D, float scaling,
+                                                      float* scores, c10::BFloat16* out) {
+  const int64_t chunks = (D + 31) / 32, blocks = (W + 15) / 16;
+  __m512bh qv[kMaxHeadDim / 32];
+  for (int64_t c = 0; c < chunks; ++c) {
+    const __mmask32 lanes = D - 32 * c >= 32 ? ~__mmask32(0) : (__mmask32(1) << (D - 32 * c)) - 1;
+    qv[c] = (__m512bh)_mm512_maskz_loadu_epi16(lanes, q + 32 * c);
+  }
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t w0 = b * 16, n = std::min<int64_t>(16, W - w0);
+    __m512 dots[16];
+    for (int64_t j = 0; j < 16; ++j) {
+      dots[j] = _mm512_setzero_ps();
+      if (j >= n) continue;
+      const c10::BFloat16* kj = k + (w0 + j) * ldk;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const __mmask32 lanes = D - 32 * c >= 32 ? ~__mmask32(0) : (__mmask32(1) << (D - 32 * c)) - 1;
+        dots[j] = _mm512_dpbf16_ps(dots[j], (__m512bh)_mm512_maskz_loadu_epi16(lanes, kj + 32 * c), qv[c]);
+      }
+    }
+    const __mmask16 valid = n == 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+    __m512 m;
+    if constexpr (std::is_same_v<Mask, float>) {
+      m = _mm512_maskz_loadu_ps(valid, mask + w0);
+    } else {
+      m = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, mask + w0)), 16));
+    }
+    const __m512 s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), _mm512_fmadd_ps(sum_lanes16(dots), _mm512_set1_ps(scaling), m));
+    _mm512_storeu_ps(scores + w0, s);
+    best = _mm512_max_ps(best, s);
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+  for (int64_t b = 0; b < blocks; ++b) {
+    _mm512_storeu_ps(scores + 16 * b, exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + 16 * b), top)));
+  }
+  // The weights and the softmax's sum both in key order over the keys the mask lets
+  // through, so where a key sits in the window does not matter either (a tree's row sees
+  // its ancestors at other slots than a chain's). The sum's chain of adds hides behind
+  // the FMAs' own.
+  const int64_t vecs = D / 16;
+  __m512 o[kMaxHeadDim / 16];
+  for (int64_t i = 0; i < vecs; ++i) o[i] = _mm512_setzero_ps();
+  float total = 0.0f;
+  for (int64_t w = 0; w < W; ++w) {
+    if (scores[w] == 0.0f) continue;  // a masked key (or one too far below the best to count)
+    total += scores[w];
+    const __m512 p = _mm512_set1_ps(scores[w]);
+    const c10::BFloat16* vw = v + w * ldv;
+    for (int64_t i = 0; i < vecs; ++i) o[i] = _mm512_fmadd_ps(p, from_bf16(vw + 16 * i), o[i]);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / total);
+  for (int64_t i = 0; i < vecs; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * i), to_bf16(_mm512_mul_ps(o[i], inv)));
+}
+
+// query [B, H, R, D], key and value [B, H_kv, W, D] (bfloat16, each row contiguous), an
+// additive mask [B, 1 or H, R, W] (bfloat16 or float32) -> output [B, R, H, D] bfloat16.
+at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask_in, double scaling) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && mask_in.dim() == 4, "attention: query, key, value and mask must be 4-D");
+  TORCH_CHECK(query.device().is_cpu() && query.scalar_type() == at::kBFloat16 && key.scalar_type() == at::kBFloat16 &&
+              value.scalar_type() == at::kBFloat16, "attention: query, key and value must be bfloat16 on a CPU");
+  const int64_t B = query.size(0), H = query.size(1), R = query.size(2), D = query.size(3), Hkv = key.size(1), W = key.size(2);
+  TORCH_CHECK(D % 16 == 0 && D <= kMaxHeadDim && Hkv > 0 && H % Hkv == 0 && key.size(0) == B && key.size(3) == D && value.sizes() == key.sizes() && W > 0,
+              "attention: shapes do not match: query ", query.sizes(), ", key ", key.sizes(), ", value ", value.sizes());
+  TORCH_CHECK(mask_in.size(0) == B && (mask_in.size(1) == 1 || mask_in.size(1) == H) && mask_in.size(2) == R && mask_in.size(3) == W,
+              "attention: the mask ", mask_in.sizes(), " does not match query ", query.sizes(), " and key ", key.sizes());
+  TORCH_CHECK(mask_in.scalar_type() == at::kBFloat16 || mask_in.scalar_type() == at::kFloat, "attention: the mask must be bfloat16 or float32");
+  const at::Tensor q = query.stride(3) == 1 ? query : query.contiguous();
+  const at::Tensor k = key.stride(3) == 1 ? key : key.contiguous();
+  const at::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
+  const at::Tensor mask = mask_in.stride(3) == 1 ? mask_in : mask_in.contiguous();
+  at::Tensor out = at::empty({B, R, H, D}, q.options());
+  const int64_t groups = H / Hkv, mask_heads = mask.size(1);
+  const float scale = static_cast<float>(scaling);
+  at::parallel_for(0, B * H * R, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> scores((W + 15) / 16 * 16);
+    for (int64_t u = u0; u < u1; ++u) {  // u: (batch, head, row)
+      const int64_t r = u % R, h = u / R % H, b = u / (R * H), kvh = h / groups;
+      const c10::BFloat16* qp = q.data_ptr<c10::BFloat16>() + b * q.stride(0) + h * q.stride(1) + r * q.stride(2);
+      const c10::BFloat16* kp = k.data_ptr<c10::BFloat16>() + b * k.stride(0) + kvh * k.stride(1);
+      const c10::BFloat16* vp = v.data_ptr<c10::BFloat16>() + b * v.stride(0) + kvh * v.stride(1);
+      const int64_t moff = b * mask.stride(0) + (mask_heads == 1 ? 0 : h) * mask.stride(1) + r * mask.stride(2);
+      c10::BFloat16* op = out.data_ptr<c10::BFloat16>() + ((b * R + r) * H + h) * D;
+      if (mask.scalar_type() == at::kFloat) {
+        attend_row(qp, kp, vp, k.stride(2), v.stride(2), mask.data_ptr<float>() + moff, W, D, scale, scores.data(), op);
+      } else {
+        attend_row(qp, kp, vp, k.stride(2), v.stride(2), mask.data_ptr<c10::BFloat16>() + moff, W, D, scale, scores.data(), op);
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pardec_q4, m) {
@@ -372,10 +512,12 @@ TORCH_LIBRARY(pardec_q4, m) {
   m.def("q4bf16_mm(Tensor x, Tensor w, int n) -> Tensor");
   m.def("q8bf16_mm(Tensor x, Tensor w, Tensor scales, int n) -> Tensor");
   m.def("bf16_mm(Tensor x, Tensor w, int n) -> Tensor");
+  m.def("attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scaling) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pardec_q4, CPU, m) {
   m.impl("q4q8_mm", &q4q8_mm);
   m.impl("q4bf16_mm", &q4bf16_mm);
   m.impl("q8bf16_mm", &q8bf16_mm);
   m.impl("bf16_mm", &bf16_mm);
+  m.impl("attention", &attention);
 }

@@ -12,6 +12,14 @@ Measured on a 2-core EPYC (AVX512-bf16, no AMX), SmolLM2-135M bf16 int4, 300-tok
 context, verify step: 2 rows 8.00 -> 6.73 ms, 4 rows 9.21 -> 8.32, 8 rows 12.45 -> 12.33,
 16 rows 18.8 -> 20.6 (docs/runner.md). So the products serve up to REDUCE_ROWS query rows
 and `matmul` serves more; the runner gives the two kinds of step their own graphs.
+
+Where the model's layers run on pardec's bfloat16 kernels (`pardec_cli.kernels`), the
+runner picks "pardec_kernel" instead: every step of up to MAX_ROWS rows, compiled or not,
+calls pardec's attention op, which computes each row alone (float32 scores and softmax,
+the output rounded once). A token's attention is then the same bits in a decoding step
+and in a verifying step of any size, where inductor's loops (one row) and `bmm` (9 or
+more) sum in different orders: with eager's roundings kept in the compiled steps
+(`runner.EXACT_ROW_OPTIONS`), bfloat16 speculation gives plain decoding's tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +32,11 @@ import torch
 CPU_ATTENTION = "pardec_cpu"
 #: Up to this many query rows attention runs as broadcast products (see the module doc).
 REDUCE_ROWS = 8
+#: pardec's attention op (the kernels' `pardec_q4::attention`), registered with transformers.
+KERNEL_ATTENTION = "pardec_kernel"
+#: Up to this many query rows (a decoding or verifying step) the op serves; a longer
+#: prefill multiplies with `matmul`.
+MAX_ROWS = 64
 
 
 def cpu_attention(
@@ -74,9 +87,31 @@ def attend(
     return output.transpose(1, 2).contiguous(), weights
 
 
-def register() -> str:
-    """Register `cpu_attention` with transformers (once; idempotent) and return its name."""
+def kernel_attention(
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+    dropout: float = 0.0, scaling: float | None = None, **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface on pardec's attention op (the kernels must be
+    loaded): (output [B, q, H, D], no weights). Whatever the op does not take (more than
+    MAX_ROWS rows, head sizes not a multiple of 16 or over 256, no mask, other dtypes,
+    Gemma 2's softcap) goes to `cpu_attention`."""
+    if scaling is None:
+        scaling = module.head_dim**-0.5
+    dim = query.shape[-1]
+    if (
+        query.shape[2] <= MAX_ROWS and dim % 16 == 0 and dim <= 256 and attention_mask is not None
+        and attention_mask.dim() == 4 and attention_mask.dtype in (torch.bfloat16, torch.float32)
+        and query.dtype == key.dtype == value.dtype == torch.bfloat16 and kwargs.get("softcap") is None
+    ):  # fmt: skip
+        return torch.ops.pardec_q4.attention(query, key, value, attention_mask, scaling), None
+    output, _ = cpu_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    return output, None
+
+
+def register(name: str = CPU_ATTENTION) -> str:
+    """Register pardec's attention `name` (CPU_ATTENTION or KERNEL_ATTENTION) with
+    transformers (idempotent) and return the name."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(CPU_ATTENTION, cpu_attention)
-    return CPU_ATTENTION
+    AttentionInterface.register(name, kernel_attention if name == KERNEL_ATTENTION else cpu_attention)
+    return name

@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from pardec_cli.engine.attention import CPU_ATTENTION
+from pardec_cli.engine.attention import CPU_ATTENTION, KERNEL_ATTENTION
 from pardec_cli.engine.cache import cache_keyword, cache_length, new_cache
 from pardec_cli.engine.tree import tree_attention
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.quant import row_tile
 
 # Attention implementations that apply a 4-D additive float mask as given.
-TREE_ATTENTION = ("sdpa", "eager", CPU_ATTENTION)
+TREE_ATTENTION = ("sdpa", "eager", CPU_ATTENTION, KERNEL_ATTENTION)
 
 
 class LanguageModel:

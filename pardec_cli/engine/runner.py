@@ -48,8 +48,8 @@ from typing import Any
 
 import torch
 
-from pardec_cli.engine.attention import CPU_ATTENTION, REDUCE_ROWS
-from pardec_cli.engine.attention import register as register_cpu_attention
+from pardec_cli.engine.attention import CPU_ATTENTION, KERNEL_ATTENTION, REDUCE_ROWS
+from pardec_cli.engine.attention import register as register_attention
 from pardec_cli.engine.model import TREE_ATTENTION, LanguageModel
 from pardec_cli.engine.static_cache import StaticKVCache, capacity_for
 from pardec_cli.engine.tree import ancestor_matrix, depths
@@ -76,6 +76,16 @@ STEP_FORMAT = 4
 PRECOMPILE_OPTIONS: dict[str, Any] = {
     "size_asserts": False, "alignment_asserts": False, "scalar_asserts": False, "realize_opcount_threshold": 10,
 }
+#: Added where the steps run pardec's attention op (KERNEL_ATTENTION), whose rows are
+#: exact: `emulate_precision_casts` keeps eager's 16-bit roundings inside fused kernels.
+#: Without it inductor reused a value's float32 form where it also stored the rounded one,
+#: and whether it could depended on the graph: the one-token step took a norm's variance
+#: from the unrounded residual sum, the verify step from the rounded one, so a token's
+#: logits differed between decoding and verifying (0.2-1.0 apart) and bfloat16 speculation
+#: drifted from plain decoding at near-ties. Not with the broadcast-products attention:
+#: there it rounds every product before the sum (2-8 row steps 20-43% slower;
+#: docs/runner.md, "The same bits in every step").
+EXACT_ROW_OPTIONS: dict[str, Any] = {"emulate_precision_casts": True}
 #: Attention reads the filled rows rounded up to this many (CPU; CUDA graphs read the
 #: whole buffer: one recorded graph, not one per width).
 WINDOW_ROWS = 64
@@ -95,6 +105,11 @@ def cpu_graph_pass() -> dict[str, Any]:
     return {"post_grad_custom_pre_pass": merge_shared_products()}
 
 
+def step_options(attention: str) -> dict[str, Any]:
+    """Inductor options of a precompiled (CPU) step of a model run with `attention`."""
+    return {**PRECOMPILE_OPTIONS, **(EXACT_ROW_OPTIONS if attention == KERNEL_ATTENTION else {})}
+
+
 def precompiles(device_type: str) -> bool:
     """Whether steps are precompiled and saved (CPU, with torch's `aot_compile`) rather
     than compiled lazily by torch.compile in every process (CUDA graphs on CUDA)."""
@@ -106,16 +121,21 @@ def runner_attention(model: Any, amx: bool | None = None) -> str:
     pardec's (`engine.attention`): PyTorch's 16-bit SDPA kernel there costs ~0.35 ms per
     layer for one query over 512 keys (fp32: 0.05 ms), and transformers' eager one copies
     the cache for a `bmm` per layer in a step of a few rows, where pardec's compiles into
-    loops over the cache. With AMX, transformers' eager attention (its `bmm` was measured
-    faster there for 16-32 rows; a few rows were not measured). Same math, so the output
-    is unchanged up to 16-bit rounding; float32 keeps SDPA, bit-exact. `amx`: whether the
-    CPU has AMX tiles (None: torch's own check, the one its kernels go by)."""
+    loops over the cache; where its layers run on pardec's bfloat16 kernels, pardec's
+    attention op (KERNEL_ATTENTION: each row computed alone, the same bits in every step).
+    With AMX, transformers' eager attention (its `bmm` was measured faster there for 16-32
+    rows; a few rows were not measured). Same math, so the output is unchanged up to 16-bit
+    rounding; float32 keeps SDPA, bit-exact. `amx`: whether the CPU has AMX tiles (None:
+    torch's own check, the one its kernels go by)."""
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
     first = next(model.parameters())
-    if first.device.type == "cpu" and first.dtype != torch.float32 and attention in ("sdpa", "eager", CPU_ATTENTION):
+    if first.device.type == "cpu" and first.dtype != torch.float32 and attention in ("sdpa", "eager", CPU_ATTENTION, KERNEL_ATTENTION):
         if amx is None:
             amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-        return "eager" if amx else CPU_ATTENTION
+        if amx:
+            return "eager"
+        ours = first.dtype == torch.bfloat16 and any(own_kernel_activations(m) == "bfloat16" for m in model.modules())
+        return KERNEL_ATTENTION if ours else CPU_ATTENTION
     return attention
 
 
@@ -142,7 +162,10 @@ def step_fingerprint(model: Any) -> str:
     # A step saved with AVX512 kernels must not load where only AVX2 runs (a home shared
     # between machines, ATEN_CPU_CAPABILITY=avx2): inductor follows ATen's capability.
     isa = torch.backends.cpu.get_cpu_capability() if first.device.type == "cpu" else ""
-    facts = [STEP_FORMAT, config, runner_attention(model), str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS, MERGE_SHARED_PRODUCTS, isa]
+    attention = runner_attention(model)
+    facts = [STEP_FORMAT, config, attention, str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS, MERGE_SHARED_PRODUCTS, isa]
+    if attention == KERNEL_ATTENTION:
+        facts.append(EXACT_ROW_OPTIONS)
     ours = sorted({a for m in model.modules() if (a := own_kernel_activations(m)) is not None})
     if ours:  # the graph calls pardec's own kernels
         facts += [kernels.source_digest(), ours]
@@ -268,8 +291,8 @@ class CompiledLanguageModel(LanguageModel):
         # the graphs of a second and third model in one process (tests, a drafter) eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         if (attention := runner_attention(model)) != self.config._attn_implementation:
-            if attention == CPU_ATTENTION:
-                register_cpu_attention()
+            if attention in (CPU_ATTENTION, KERNEL_ATTENTION):
+                register_attention(attention)
             model.set_attn_implementation(attention)
         self._on_notice = on_notice or (lambda message: None)
         # An injected compile_fn (tests) always compiles lazily, like torch.compile on CUDA.
@@ -345,7 +368,7 @@ class CompiledLanguageModel(LanguageModel):
         from torch._dynamo import config as dynamo_config
 
         with shapes_config.patch(use_duck_shape=False), dynamo_config.patch(automatic_dynamic_shapes=False):
-            options = {"guard_filter_fn": _input_guards, **PRECOMPILE_OPTIONS, **cpu_graph_pass()}
+            options = {"guard_filter_fn": _input_guards, **step_options(self.config._attn_implementation), **cpu_graph_pass()}
             compiled = torch.compile(_forward, fullgraph=True, options=options).aot_compile((args, {}))
         compiled.disable_guard_check()
         if path is not None:

@@ -312,9 +312,9 @@ def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, cloc
 
 #: Bumped when pardec's steps change what verifying n tokens costs (2: the compiled CPU
 #: steps' attention, `engine.attention`; 3: int4 layers of one input sharing a kernel
-#: call, `quant.share_products`; 4: pardec's int4 kernels on every core, not one): curves
-#: measured before are measured again.
-CURVE_VERSION = 4
+#: call, `quant.share_products`; 4: pardec's int4 kernels on every core, not one; 5: pardec's
+#: attention op in the steps on its kernels): curves measured before are measured again.
+CURVE_VERSION = 5
 
 
 def _curve_key(fingerprint: str, hardware: str, step: str) -> str:
