@@ -1077,7 +1077,13 @@ def own_kernel_activations(module: nn.Module) -> str | None:
     return "bfloat16" if isinstance(module, (_PairRecords, RecordsHead)) else None
 
 
+def on_own_bf16_kernels(model: nn.Module) -> bool:
+    """Whether any of the model's int4, int8 or dense layers (or its head) multiply on
+    pardec's bfloat16 kernels: then the kernels are loaded and this CPU runs them."""
+    return any(own_kernel_activations(m) == "bfloat16" for m in model.modules())
+
+
 def kernel_suffix(model: nn.Module) -> str:
-    """"+pardec" where int4, int8 or dense layers run pardec's bfloat16 kernels, else "": a step's
-    cost depends on the kernel, so what auto learns about steps keeps them apart."""
-    return "+pardec" if any(own_kernel_activations(m) == "bfloat16" for m in model.modules()) else ""
+    """"+pardec" where layers run pardec's bfloat16 kernels (`on_own_bf16_kernels`), else "":
+    a step's cost depends on the kernel, so what auto learns about steps keeps them apart."""
+    return "+pardec" if on_own_bf16_kernels(model) else ""

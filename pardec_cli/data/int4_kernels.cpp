@@ -64,6 +64,11 @@ inline __m512 from_bf16(const c10::BFloat16* x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// The lanes of `valid` from 16 bfloat16 at x (others 0, not read), as float32.
+inline __m512 from_bf16(const c10::BFloat16* x, __mmask16 valid) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, x)), 16));
+}
+
 template <int R, typename Out>
 __attribute__((target("avx512vnni"))) void block_rows(const int8_t* qx, const float* dx, const float* sx, int64_t K, int64_t G, const uint8_t* w,
                 Out* out, int64_t ldo) {
@@ -373,8 +378,8 @@ at::Tensor bf16_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
 // is computed by the same instructions whatever the other rows and however many keys the
 // window holds beyond the ones its mask lets through, or where in the window they sit:
 // scores in float32 (key blocks of 16, zero-padded), softmax in float32, its sum and the
-// output summed over the seen keys in order and rounded to bfloat16 once. So a token's attention output is the same bits in a decoding step and in
-// any verifying step.
+// output summed over the seen keys in order and rounded to bfloat16 once. So a token's
+// attention output is the same bits in a decoding step and in any verifying step.
 
 // Lane j of the result: the sum of the 16 lanes of v[j] (a transposed sum of 16 vectors).
 inline __m512 sum_lanes16(const __m512* v) {
@@ -416,9 +421,10 @@ __attribute__((target("avx512bf16"))) void attend_row(const c10::BFloat16* q, co
                                                       float* scores, c10::BFloat16* out) {
   const int64_t chunks = (D + 31) / 32, blocks = (W + 15) / 16;
   __m512bh qv[kMaxHeadDim / 32];
+  __mmask32 lanes[kMaxHeadDim / 32];  // the head dimensions of each chunk of 32 (D: a multiple of 16)
   for (int64_t c = 0; c < chunks; ++c) {
-    const __mmask32 lanes = D - 32 * c >= 32 ? ~__mmask32(0) : (__mmask32(1) << (D - 32 * c)) - 1;
-    qv[c] = (__m512bh)_mm512_maskz_loadu_epi16(lanes, q + 32 * c);
+    lanes[c] = D - 32 * c >= 32 ? ~__mmask32(0) : (__mmask32(1) << (D - 32 * c)) - 1;
+    qv[c] = (__m512bh)_mm512_maskz_loadu_epi16(lanes[c], q + 32 * c);
   }
   __m512 best = _mm512_set1_ps(-INFINITY);
   for (int64_t b = 0; b < blocks; ++b) {
@@ -429,8 +435,7 @@ __attribute__((target("avx512bf16"))) void attend_row(const c10::BFloat16* q, co
       if (j >= n) continue;
       const c10::BFloat16* kj = k + (w0 + j) * ldk;
       for (int64_t c = 0; c < chunks; ++c) {
-        const __mmask32 lanes = D - 32 * c >= 32 ? ~__mmask32(0) : (__mmask32(1) << (D - 32 * c)) - 1;
-        dots[j] = _mm512_dpbf16_ps(dots[j], (__m512bh)_mm512_maskz_loadu_epi16(lanes, kj + 32 * c), qv[c]);
+        dots[j] = _mm512_dpbf16_ps(dots[j], (__m512bh)_mm512_maskz_loadu_epi16(lanes[c], kj + 32 * c), qv[c]);
       }
     }
     const __mmask16 valid = n == 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
@@ -438,7 +443,7 @@ __attribute__((target("avx512bf16"))) void attend_row(const c10::BFloat16* q, co
     if constexpr (std::is_same_v<Mask, float>) {
       m = _mm512_maskz_loadu_ps(valid, mask + w0);
     } else {
-      m = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, mask + w0)), 16));
+      m = from_bf16(mask + w0, valid);
     }
     const __m512 s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), _mm512_fmadd_ps(sum_lanes16(dots), _mm512_set1_ps(scaling), m));
     _mm512_storeu_ps(scores + w0, s);

@@ -55,7 +55,7 @@ from pardec_cli.engine.static_cache import StaticKVCache, capacity_for
 from pardec_cli.engine.tree import ancestor_matrix, depths
 from pardec_cli.errors import PardecUsageError, first_line
 from pardec_cli import kernels
-from pardec_cli.quant import MERGE_SHARED_PRODUCTS, merge_shared_products, own_kernel_activations
+from pardec_cli.quant import MERGE_SHARED_PRODUCTS, merge_shared_products, on_own_bf16_kernels, own_kernel_activations
 
 #: Steps with more rows than this (prefills, huge trees) run eagerly.
 MAX_COMPILED_ROWS = 64
@@ -134,8 +134,7 @@ def runner_attention(model: Any, amx: bool | None = None) -> str:
             amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
         if amx:
             return "eager"
-        ours = first.dtype == torch.bfloat16 and any(own_kernel_activations(m) == "bfloat16" for m in model.modules())
-        return KERNEL_ATTENTION if ours else CPU_ATTENTION
+        return KERNEL_ATTENTION if first.dtype == torch.bfloat16 and on_own_bf16_kernels(model) else CPU_ATTENTION
     return attention
 
 
