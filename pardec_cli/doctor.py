@@ -254,8 +254,10 @@ def int4_kernels_report() -> dict[str, Any]:
 
     flags = cpu_info().flags
     directory = kernels.build_dir(kernels_dir())
+    avx2 = kernels.build_dir(kernels_dir(), kernels.AVX2)
     return {"dir": str(directory), "status": kernels.status(directory), "enabled": kernels.enabled(),
-            "bfloat16": kernels.cpu_supported(flags, "bfloat16"), "int8": kernels.cpu_supported(flags, "int8")}
+            "bfloat16": kernels.cpu_supported(flags, "bfloat16"), "int8": kernels.cpu_supported(flags, "int8"),
+            "float32": kernels.avx2_wanted(flags), "avx2_dir": str(avx2), "avx2_status": kernels.status(avx2)}
 
 
 # -- the floor: how fast one forward could be, and how fast it is ------------------------

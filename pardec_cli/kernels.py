@@ -1,4 +1,5 @@
-"""Kernels pardec builds itself: products of 4-bit, 8-bit and bfloat16 weights for CPUs with AVX512.
+"""Kernels pardec builds itself: products of 4-bit, 8-bit and bfloat16 weights for CPUs with
+AVX512, and of float32 and 8-bit weights by float32 activations for CPUs with AVX2.
 
 torch's CPU int4 kernel dequantizes every weight to float and tiles rows by 4, and its
 int8 one streams the weights at 25-30 GB/s for a few rows, short of the memory's rate on a
@@ -18,8 +19,14 @@ int8 or bfloat16 weights (`quant.Int8Records`, `quant.BF16Records`), and an atte
   alone, what the runner's steps use wherever the layers run on these kernels
   (``engine.attention``, "pardec_kernel").
 
-They are compiled once per machine with torch's C++ extension builder into pardec's
-store. The first load in bfloat16 on a CPU that runs them starts a detached
+``data/avx2_kernels.cpp`` (the `AVX2` library) holds ``pardec_avx2::f32_mm`` and
+``pardec_avx2::q8f32_mm``: float32 and int8 weights by float32 activations, each row
+computed alone, what float32 layers use on a CPU whose torch runs AVX2 kernels (no
+AVX512), where MKL's float32 products of a few rows read the weights at a third of the
+memory's rate (docs/runner.md, "float32 on AVX2").
+
+Each library is compiled once per machine with torch's C++ extension builder into pardec's
+store. The first load that could use one starts a detached
 build (``python -m pardec_cli.kernels BUILD_DIR``) and goes on with torch's kernels, so no
 run waits; later loads take the library in milliseconds. ``--weights q4q8`` builds at
 once. A failed build leaves a ``failed`` file with its reason (`status`; `pardec doctor`)
@@ -34,11 +41,24 @@ import hashlib
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-LIBRARY = "pardec_int4"
-SOURCE = "data/int4_kernels.cpp"
+
+@dataclass(frozen=True)
+class Library:
+    """One of pardec's kernel libraries: its source, compiler flags and ops' namespace."""
+
+    name: str  # the shared library's file name, without .so
+    source: str  # under pardec_cli/
+    prefix: str  # of its build directories
+    namespace: str  # torch.ops.<namespace>
+    probe: str  # an op whose presence says the library is loaded
+    cflags: tuple[str, ...]
+    ldflags: tuple[str, ...] = ("-fopenmp",)
+
+
 #: Instructions (lscpu's names) every op needs, and each op's own.
 BASE_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c", "fma")
 OP_FLAGS = {"bfloat16": "avx512_bf16", "int8": "avx512_vnni"}
@@ -48,6 +68,11 @@ OP_FLAGS = {"bfloat16": "avx512_bf16", "int8": "avx512_vnni"}
 #: core (docs/weights.md, "one core").
 CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mf16c", "-mfma", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
+AVX512 = Library("pardec_int4", "data/int4_kernels.cpp", "int4", "pardec_q4", "q4bf16_mm", CFLAGS, LDFLAGS)
+#: float32 activations on AVX2 (every op of it needs these).
+AVX2_FLAGS = ("avx2", "fma")
+AVX2 = Library("pardec_avx2", "data/avx2_kernels.cpp", "avx2", "pardec_avx2", "f32_mm", ("-O3", "-mavx2", "-mfma", "-fopenmp"))
+LIBRARY = AVX512.name
 FAILED = "failed"
 
 
@@ -56,15 +81,15 @@ def enabled() -> bool:
     return os.environ.get("PARDEC_KERNELS", "").strip().lower() not in ("0", "false", "no", "off")
 
 
-def source() -> bytes:
-    """The C++ source of the ops."""
-    return resources.files("pardec_cli").joinpath(SOURCE).read_bytes()
+def source(library: Library = AVX512) -> bytes:
+    """The C++ source of the library's ops."""
+    return resources.files("pardec_cli").joinpath(library.source).read_bytes()
 
 
 @functools.cache
-def source_digest() -> str:
-    """What identifies the ops' code (saved compiled steps that call them name it)."""
-    return hashlib.sha256(source()).hexdigest()[:12]
+def source_digest(library: Library = AVX512) -> str:
+    """What identifies the library's code (saved compiled steps that call it name it)."""
+    return hashlib.sha256(source(library)).hexdigest()[:12]
 
 
 def cpu_supported(flags: frozenset[str] | set[str], activations: str) -> bool:
@@ -77,6 +102,16 @@ def cpu_supported(flags: frozenset[str] | set[str], activations: str) -> bool:
     return not capped or capped.startswith("avx512")
 
 
+def avx2_wanted(flags: frozenset[str] | set[str]) -> bool:
+    """Whether float32 layers go to the `AVX2` library on a CPU with these flags: it has
+    AVX2 and FMA, and torch's kernels run at AVX2 (the CPU lacks AVX512F, or
+    ``ATEN_CPU_CAPABILITY`` caps them there). Measured only there (docs/runner.md)."""
+    if not all(flag in flags for flag in AVX2_FLAGS):
+        return False
+    capped = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    return "avx512f" not in flags or capped == "avx2"
+
+
 def torch_version() -> str:
     """The installed torch's version, read from its metadata (torch is not imported)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -87,28 +122,35 @@ def torch_version() -> str:
         return "unknown"
 
 
-def build_dir(root: Path) -> Path:
+def build_dir(root: Path, library: Library = AVX512) -> Path:
     """Where the library for this source, torch and Python is built under `root`."""
-    digest = hashlib.sha256(source() + f"{torch_version()}|{sys.version_info[:2]}|{CFLAGS}|{LDFLAGS}".encode()).hexdigest()[:12]
-    return root / f"int4-{digest}"
+    facts = f"{torch_version()}|{sys.version_info[:2]}|{library.cflags}|{library.ldflags}"
+    digest = hashlib.sha256(source(library) + facts.encode()).hexdigest()[:12]
+    return root / f"{library.prefix}-{digest}"
 
 
-def loaded() -> bool:
-    """Whether the ops are registered in this process."""
+def library_of(directory: Path) -> Library:
+    """The library a build directory (`build_dir`) holds."""
+    return AVX2 if directory.name.startswith(f"{AVX2.prefix}-") else AVX512
+
+
+def loaded(library: Library = AVX512) -> bool:
+    """Whether the library's ops are registered in this process."""
     import torch
 
-    return hasattr(torch.ops.pardec_q4, "q4bf16_mm")
+    return hasattr(getattr(torch.ops, library.namespace), library.probe)
 
 
 def load(directory: Path) -> bool:
-    """Load the library built in `directory` into this process; False where it is not
-    built there (yet) or does not load (then it is removed, to be built again). (A
-    library another store built and this process loaded counts only for that store:
+    """Load the library built in `directory` (`build_dir`) into this process; False where
+    it is not built there (yet) or does not load (then it is removed, to be built again).
+    (A library another store built and this process loaded counts only for that store:
     what a load uses follows its own store.)"""
-    library = directory / f"{LIBRARY}.so"
+    lib = library_of(directory)
+    library = directory / f"{lib.name}.so"
     if not library.is_file():
         return False
-    if loaded():
+    if loaded(lib):
         return True
     import torch
 
@@ -119,13 +161,13 @@ def load(directory: Path) -> bool:
         # entry gone bad: removed, so that the next build replaces it.
         library.unlink(missing_ok=True)
         return False
-    _register_fakes()
-    return loaded()
+    _register_fakes(lib)
+    return loaded(lib)
 
 
 def status(directory: Path) -> str:
     """"built", "building", "failed: REASON" or "not built", for `pardec doctor`."""
-    if (directory / f"{LIBRARY}.so").is_file():
+    if (directory / f"{library_of(directory).name}.so").is_file():
         return "built"
     failed = directory / FAILED
     if failed.is_file():
@@ -143,29 +185,30 @@ def build(directory: Path) -> None:
 
     import torch.utils.cpp_extension as cpp
 
-    if loaded():
+    lib = library_of(directory)
+    if loaded(lib):
         return
     directory.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory / ".build.lock")):
         if load(directory):  # built meanwhile by another process
             return
         (directory / FAILED).unlink(missing_ok=True)
-        src = directory / "int4_kernels.cpp"
-        src.write_bytes(source())
+        src = directory / Path(lib.source).name
+        src.write_bytes(source(lib))
         try:
-            cpp.load(name=LIBRARY, sources=[str(src)], build_directory=str(directory), extra_cflags=list(CFLAGS),
-                     extra_ldflags=list(LDFLAGS), is_python_module=False, verbose=False)  # fmt: skip
+            cpp.load(name=lib.name, sources=[str(src)], build_directory=str(directory), extra_cflags=list(lib.cflags),
+                     extra_ldflags=list(lib.ldflags), is_python_module=False, verbose=False)  # fmt: skip
         except Exception as exc:
             (directory / FAILED).write_text(f"{type(exc).__name__}: {exc}".strip() + "\n", encoding="utf-8")
             raise
-    _register_fakes()
+    _register_fakes(lib)
 
 
 def build_in_background(directory: Path) -> bool:
     """Start a detached build of the library unless it is built, failed or being built,
     or `enabled` says no; True when one was started. It outlives this process, so a
     short run still leaves the library for the next one."""
-    if not enabled() or (directory / f"{LIBRARY}.so").is_file() or (directory / FAILED).is_file():
+    if not enabled() or (directory / f"{library_of(directory).name}.so").is_file() or (directory / FAILED).is_file():
         return False
     if _build_running(directory):
         return False
@@ -192,11 +235,16 @@ def _build_running(directory: Path) -> bool:
         return True
 
 
-def _register_fakes() -> None:
-    """The ops' shape functions, for torch.compile's tracing: [M, n], bfloat16 for
-    bfloat16 x, else float32. Called once per process, where the library enters it
+def _register_fakes(library: Library = AVX512) -> None:
+    """The library's ops' shape functions, for torch.compile's tracing: [M, n], bfloat16
+    for bfloat16 x, else float32. Called once per process, where the library enters it
     (`load`, `build`)."""
     import torch
+
+    if library is AVX2:  # x [M, K] by w [N, K] -> [M, N] float32
+        torch.library.register_fake("pardec_avx2::f32_mm", lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
+        torch.library.register_fake("pardec_avx2::q8f32_mm", lambda x, q, scales: x.new_empty((x.shape[0], q.shape[0])))
+        return
 
     def out(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
         return x.new_empty((x.shape[0], n), dtype=x.dtype if x.dtype == torch.bfloat16 else torch.float32)

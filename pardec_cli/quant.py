@@ -18,6 +18,8 @@ are stored as integers and dequantized inside the matmul kernel.
   kernel for bfloat16 activations.
 - `BF16Records`: a dense bfloat16 layer in the same layout, on pardec's CPU kernel;
   `BF16Head` the output head on it, over a copy beside the dense weight.
+- `F32Linear` and `Int8F32`: a float32 layer or head, and `Int8Linear` in float32, on
+  pardec's AVX2 kernels over their own weights (`use_avx2`).
 
 Both are plain `nn.Module`s whose forward calls one aten op, so they run eagerly and
 trace under ``torch.compile`` without graph breaks. `quantize_linears` swaps them into
@@ -499,6 +501,84 @@ def unpack_records(blocks: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, 
         return t.contiguous().view(torch.float16).transpose(1, 2).reshape(n, g).float()
 
     return q, f32(blocks[..., 256:288]), f32(blocks[..., 288:320])
+
+
+class F32Linear(nn.Linear):
+    """A float32 nn.Linear (a decoder layer or the output head) on pardec's AVX2 kernel
+    ``pardec_avx2::f32_mm`` over its own weight, shared, not copied: y = x @ W.T + bias,
+    each row computed alone (a row's output does not depend on the rows beside it). A
+    prefill of `DENSE_FROM_ROWS` rows or more, or other activations, takes
+    ``nn.functional.linear``. Still an nn.Linear for its readers (heads, layer-skip)."""
+
+    def __init__(self, dense: nn.Linear) -> None:
+        super().__init__(dense.in_features, dense.out_features, bias=False, device="meta")
+        self.weight = dense.weight  # [N, K] float32
+        self.bias = dense.bias
+
+    @staticmethod
+    def takes(linear: nn.Module) -> bool:
+        """Whether the kernel takes the layer: a dense float32 CPU nn.Linear with a
+        contiguous weight and inputs in 8s."""
+        return (type(linear) is nn.Linear and linear.weight.dtype == torch.float32 and linear.weight.device.type == "cpu"
+                and linear.weight.is_contiguous() and linear.in_features % 8 == 0)  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.float32:
+            return nn.functional.linear(x, self.weight, self.bias)
+        y = torch.ops.pardec_avx2.f32_mm(x2d, self.weight)  # [M, N]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", float32, pardec's AVX2 kernel"
+
+
+class Int8F32(Int8Linear):
+    """`Int8Linear` with float32 activations on pardec's AVX2 kernel
+    ``pardec_avx2::q8f32_mm``, over the same codes and scales (not copied): float32 sums,
+    each row computed alone. torch's ``_weight_int8pack_mm`` works row by row on such CPUs
+    (16 rows cost 14 one; docs/runner.md)."""
+
+    @classmethod
+    def from_int8(cls, layer: Int8Linear) -> Int8F32 | None:
+        """The same layer on the kernel; None where it cannot take it."""
+        if layer.scales.dtype != torch.float32 or layer.weight_int8.device.type != "cpu" or layer.in_features % 8:
+            return None
+        return cls(layer.weight_int8, layer.scales, None if layer.bias is None else layer.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.float32:
+            return super().forward(x)
+        y = torch.ops.pardec_avx2.q8f32_mm(x2d, self.weight_int8, self.scales)  # [M, N]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", float32, pardec's AVX2 kernel"
+
+
+def use_avx2(model: nn.Module) -> int:
+    """Put the model's float32 dense layers and output head (`F32Linear`) and its float32
+    `Int8Linear` layers (`Int8F32`) on pardec's AVX2 kernels, in place (the caller has
+    loaded the `kernels.AVX2` library); returns how many."""
+    swapped = 0
+    for name, layer in list(model.named_modules()):
+        new: nn.Module | None = None
+        if isinstance(layer, nn.Linear) and F32Linear.takes(layer):
+            new = F32Linear(layer)
+        elif type(layer) is Int8Linear:
+            new = Int8F32.from_int8(layer)
+        if new is not None:
+            if layer is _output_head(model):
+                model.set_output_embeddings(new)
+            else:
+                _replace(model, name, new)
+            swapped += 1
+    return swapped
 
 
 def use_records(model: nn.Module, activations: str) -> int:
@@ -1070,10 +1150,12 @@ def weights_label(model: nn.Module) -> str:
 
 
 def own_kernel_activations(module: nn.Module) -> str | None:
-    """The activations `module` multiplies on pardec's own kernels ("bfloat16" or "int8"),
-    None for a module that calls none of them."""
+    """The activations `module` multiplies on pardec's own kernels ("bfloat16" or "int8"
+    on the AVX512 library, "float32" on the AVX2 one), None for a module that calls none."""
     if isinstance(module, Int4Records):
         return module.activations
+    if isinstance(module, (F32Linear, Int8F32)):
+        return "float32"
     return "bfloat16" if isinstance(module, (_PairRecords, RecordsHead)) else None
 
 
@@ -1084,6 +1166,7 @@ def on_own_bf16_kernels(model: nn.Module) -> bool:
 
 
 def kernel_suffix(model: nn.Module) -> str:
-    """"+pardec" where layers run pardec's bfloat16 kernels (`on_own_bf16_kernels`), else "":
-    a step's cost depends on the kernel, so what auto learns about steps keeps them apart."""
-    return "+pardec" if on_own_bf16_kernels(model) else ""
+    """"+pardec" where layers run pardec's bfloat16 or float32 kernels, else "": a step's
+    cost depends on the kernel, so what auto learns about steps keeps them apart."""
+    ours = {own_kernel_activations(m) for m in model.modules()}
+    return "+pardec" if ours & {"bfloat16", "float32"} else ""

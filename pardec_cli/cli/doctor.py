@@ -158,16 +158,19 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
 def _kernels_line(k: dict[str, Any]) -> str:
     """pardec's own kernels: what they do here, in one line."""
     uses = ", ".join(what for name, what in (("bfloat16", "int4, int8 and full weights in bfloat16"), ("int8", "--weights q4q8")) if k[name])
+    if not uses and k.get("float32"):  # an AVX2 CPU: the AVX2 library
+        uses, status, directory, first = "full and int8 weights in float32", k["avx2_status"], k["avx2_dir"], "in float32"
+    else:
+        status, directory, first = k["status"], k["dir"], "in bfloat16"
     if not uses:
         return "torch's (this CPU lacks AVX512-BF16 and AVX512-VNNI for pardec's)"
     if not k["enabled"]:
         return f"torch's (PARDEC_KERNELS=0); pardec's would run {uses}"
-    status = k["status"]
     if status == "built":
-        return f"pardec's, built in {k['dir']}: {uses}"
+        return f"pardec's, built in {directory}: {uses}"
     if status == "not built":
-        return f"pardec's for {uses}: not built yet (the first load in bfloat16 builds them in the background)"
-    return f"pardec's for {uses}: {status} ({k['dir']})"
+        return f"pardec's for {uses}: not built yet (the first load {first} builds them in the background)"
+    return f"pardec's for {uses}: {status} ({directory})"
 
 
 def _vllm_lines(vllm: dict[str, Any]) -> list[str]:

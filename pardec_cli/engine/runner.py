@@ -167,7 +167,8 @@ def step_fingerprint(model: Any) -> str:
         facts.append(EXACT_ROW_OPTIONS)
     ours = sorted({a for m in model.modules() if (a := own_kernel_activations(m)) is not None})
     if ours:  # the graph calls pardec's own kernels
-        facts += [kernels.source_digest(), ours]
+        libraries = {kernels.AVX2 if a == "float32" else kernels.AVX512 for a in ours}
+        facts += [*sorted(kernels.source_digest(lib) for lib in libraries), ours]
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

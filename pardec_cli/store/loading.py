@@ -191,7 +191,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pardec_cli.hardware import cpu_info
-    from pardec_cli.quant import head_on_records, pack_linears, quantize_head, quantize_linears, share_products, use_records
+    from pardec_cli.quant import head_on_records, pack_linears, quantize_head, quantize_linears, share_products, use_avx2, use_records
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
@@ -263,6 +263,8 @@ def load_model(
             head_on_records(model)
     if mode == "full" and device == "cpu" and dtype == "bfloat16" and cpu_info().has_fast_bf16:
         pack_linears(model)  # dense layers pardec's kernel did not take: on oneDNN's packing
+    if mode in ("full", "int8") and device == "cpu" and dtype == "float32" and _avx2_kernels():
+        use_avx2(model)  # float32 dense and int8 layers (and a dense head) on pardec's AVX2 kernels
     if mode in ("int4", "int8") or records is not None:  # on a CPU, q/k/v and gate/up: one call each when compiled
         share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     return model, tokenizer
@@ -308,6 +310,23 @@ def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | Non
             raise ModelLoadError(f"pardec's int4 kernels in {directory} do not load",
                                  hint="remove that folder and try again, or use --weights int4")  # fmt: skip
     return activations
+
+
+def _avx2_kernels() -> bool:
+    """Whether float32 layers go to pardec's AVX2 kernels in this load (`kernels.AVX2`):
+    where this CPU wants them (`kernels.avx2_wanted`) and they are built in the store; a
+    first load starts their build in the background and keeps torch's kernels meanwhile."""
+    from pardec_cli import kernels
+    from pardec_cli.hardware import cpu_info
+    from pardec_cli.home import kernels_dir
+
+    if not kernels.enabled() or not kernels.avx2_wanted(cpu_info().flags):
+        return False
+    directory = kernels.build_dir(kernels_dir(), kernels.AVX2)
+    if kernels.load(directory):
+        return True
+    kernels.build_in_background(directory)
+    return False
 
 
 def _check_still_there(path: Path) -> None:
