@@ -514,6 +514,8 @@ class F32Linear(nn.Linear):
         super().__init__(dense.in_features, dense.out_features, bias=False, device="meta")
         self.weight = dense.weight  # [N, K] float32
         self.bias = dense.bias
+        #: As `Int4Records.shared_columns` (`share_products`).
+        self.shared_columns: tuple[int, int] | None = None
 
     @staticmethod
     def takes(linear: nn.Module) -> bool:
@@ -526,7 +528,11 @@ class F32Linear(nn.Linear):
         x2d = x.reshape(-1, self.in_features)
         if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.float32:
             return nn.functional.linear(x, self.weight, self.bias)
-        y = torch.ops.pardec_avx2.f32_mm(x2d, self.weight)  # [M, N]
+        if self.shared_columns is not None and torch.compiler.is_compiling():
+            lo, hi = self.shared_columns  # the group's product, sliced (as `Int4Records`)
+            y = torch.ops.pardec_avx2.f32_mm(x2d, self.shared_weight)[:, lo:hi]
+        else:
+            y = torch.ops.pardec_avx2.f32_mm(x2d, self.weight)  # [M, N]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -546,13 +552,19 @@ class Int8F32(Int8Linear):
         """The same layer on the kernel; None where it cannot take it."""
         if layer.scales.dtype != torch.float32 or layer.weight_int8.device.type != "cpu" or layer.in_features % 8:
             return None
-        return cls(layer.weight_int8, layer.scales, None if layer.bias is None else layer.bias.detach())
+        new = cls(layer.weight_int8, layer.scales, None if layer.bias is None else layer.bias.detach())
+        new.shared_columns = None  # as `F32Linear.shared_columns`
+        return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
         if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.float32:
             return super().forward(x)
-        y = torch.ops.pardec_avx2.q8f32_mm(x2d, self.weight_int8, self.scales)  # [M, N]
+        if self.shared_columns is not None and torch.compiler.is_compiling():
+            lo, hi = self.shared_columns
+            y = torch.ops.pardec_avx2.q8f32_mm(x2d, self.shared_weight_int8, self.shared_scales)[:, lo:hi]
+        else:
+            y = torch.ops.pardec_avx2.q8f32_mm(x2d, self.weight_int8, self.scales)  # [M, N]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -1042,6 +1054,8 @@ def _share_key(m: nn.Module) -> tuple[object, ...] | None:
         return (Int4Records, m.in_features, m.activations)
     if isinstance(m, _PairRecords) and m.shared_columns is None:
         return (type(m), m.in_features)
+    if isinstance(m, (F32Linear, Int8F32)) and m.shared_columns is None:
+        return (type(m), m.in_features)
     if isinstance(m, Int4Linear) and m.packed.device.type == "cpu" and m.shared_columns is None:
         block = cpu_pack_block()
         if block is not None and m.out_features % block == 0:
@@ -1056,31 +1070,35 @@ def _share(members: list[nn.Module]) -> None:
     `share_products`), `Int8Records` members the group's [N_total] scales."""
     records = isinstance(members[0], (Int4Records, _PairRecords))
     name, rows = ("blocks", RECORD_BLOCK) if records else ("packed", 1)
-    whole = torch.cat([getattr(m, name) for m in members])  # [N_total / rows, ...]
+    if isinstance(members[0], (F32Linear, Int8F32)):  # their own [N, K] rows
+        name = "weight" if isinstance(members[0], F32Linear) else "weight_int8"
+    whole = torch.cat([getattr(m, name).detach() for m in members])  # [N_total / rows, ...]
     scales = None
     if isinstance(members[0], Int4Linear):
         scales = torch.cat([m.scales_and_zeros for m in members], dim=1)  # [K/g, N_total, 2]
-    elif isinstance(members[0], Int8Records):
+    elif isinstance(members[0], (Int8Records, Int8F32)):
         scales = torch.cat([m.scales for m in members])  # [N_total]
     lo = 0
     for m in members:
         hi = lo + m.out_features
-        setattr(m, name, whole[lo // rows:hi // rows])
+        part = whole[lo // rows:hi // rows]
+        setattr(m, name, nn.Parameter(part, requires_grad=False) if name == "weight" else part)
         m.register_buffer(f"shared_{name}", whole)
         if scales is not None:
             m.register_buffer("shared_scales", scales)
-        if isinstance(m, Int8Records) and scales is not None:
+        if isinstance(m, (Int8Records, Int8F32)) and scales is not None:
             m.scales = scales[lo:hi]  # a view: one copy of the scales
         m.shared_columns = (lo, hi)
         lo = hi
 
 
 #: What identifies `merge_shared_products`'s pass to inductor's caches and to saved steps.
-MERGE_SHARED_PRODUCTS = "pardec.quant.merge_shared_products.1"
+MERGE_SHARED_PRODUCTS = "pardec.quant.merge_shared_products.2"
 #: The ops it merges. A pre-pass sees the graph functional (inductor re-inplaces ops
 #: later), so equal calls of these pure ops on equal arguments are equal values.
 _MERGED = ("aten._weight_int4pack_mm_for_cpu.default", "pardec_q4.q4bf16_mm.default", "pardec_q4.q4q8_mm.default",
-           "pardec_q4.q8bf16_mm.default", "pardec_q4.bf16_mm.default",
+           "pardec_q4.q8bf16_mm.default", "pardec_q4.bf16_mm.default", "pardec_avx2.f32_mm.default",
+           "pardec_avx2.q8f32_mm.default",
            "aten.reshape.default", "aten.view.default", "aten._unsafe_view.default")  # fmt: skip
 
 

@@ -224,3 +224,46 @@ def test_doctor_says_whether_the_avx2_kernels_run_here() -> None:
     assert "PARDEC_KERNELS=0" in _kernels_line({**base, "enabled": False})
     assert "lacks AVX512-BF16" in _kernels_line({**base, "float32": False})
     assert _kernels_line({**base, "bfloat16": True}).startswith("pardec's for int4, int8 and full weights in bfloat16")
+
+
+@pytest.mark.parametrize(("weights", "op_name"), [("full", "f32_mm"), ("int8", "q8f32_mm")])
+def test_layers_of_one_input_share_one_product_when_compiled(avx2_dir: Path, weights: str, op_name: str) -> None:
+    """q/k/v and gate/up: one weight each group (members' weights become row views of it,
+    no second copy), and a compiled step makes one call per group."""
+    from tests.test_quant import quantize_linears_on
+
+    model = tiny_llama(4, layers=2, hidden=128)
+    if weights == "int8":
+        model = quantize_linears_on(model, "int8")  # the head too, on Int8Head
+    head = 1 if weights == "full" else 0  # the dense head's product is alone in its group
+    assert use_avx2(model) == 2 * 7 + head
+    op = getattr(torch.ops.pardec_avx2, op_name).default
+    ids = torch.tensor([random_prompt(1, 12)])
+    with torch.no_grad():
+        before = model(ids).logits
+        assert quant.share_products(model, lambda: model(ids[:, :2], use_cache=False)) == 4
+        after = model(ids).logits
+    assert torch.equal(before, after)  # eager: each member multiplies its own rows, as before
+    attention = model.model.layers[0].self_attn
+    members = [attention.q_proj, attention.k_proj, attention.v_proj]
+    name = "weight" if weights == "full" else "weight_int8"
+    assert [m.shared_columns for m in members] == [(0, 128), (128, 192), (192, 256)]
+    assert all(getattr(m, name).untyped_storage().data_ptr() == getattr(members[0], f"shared_{name}").data_ptr() for m in members)
+    assert isinstance(attention.q_proj.weight if weights == "full" else attention.q_proj.weight_int8, torch.Tensor)
+    calls: list[tuple[int, int]] = []
+
+    def counting(graph: torch.fx.Graph) -> None:
+        count = lambda: sum(n.target is op for n in graph.nodes)  # noqa: E731
+        before = count()
+        quant.merge_identical_products(graph)
+        calls.append((before, count()))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_pre_pass": counting})
+    try:
+        with torch.no_grad():
+            traced = compiled(ids).logits
+    finally:
+        torch._dynamo.reset()
+    assert calls == [(2 * 7 + head, 2 * 4 + head)]
+    torch.testing.assert_close(traced, after, rtol=1e-4, atol=1e-5)

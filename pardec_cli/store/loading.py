@@ -263,9 +263,10 @@ def load_model(
             head_on_records(model)
     if mode == "full" and device == "cpu" and dtype == "bfloat16" and cpu_info().has_fast_bf16:
         pack_linears(model)  # dense layers pardec's kernel did not take: on oneDNN's packing
-    if mode in ("full", "int8") and device == "cpu" and dtype == "float32" and _avx2_kernels():
+    avx2 = mode in ("full", "int8") and device == "cpu" and dtype == "float32" and _avx2_kernels()
+    if avx2:
         use_avx2(model)  # float32 dense and int8 layers (and a dense head) on pardec's AVX2 kernels
-    if mode in ("int4", "int8") or records is not None:  # on a CPU, q/k/v and gate/up: one call each when compiled
+    if mode in ("int4", "int8") or records is not None or avx2:  # on a CPU, q/k/v and gate/up: one call each when compiled
         share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     return model, tokenizer
 
