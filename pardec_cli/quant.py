@@ -409,6 +409,9 @@ class RecordsHead(nn.Module):
     (shared, not copied) for readers of ``get_output_embeddings()`` and for prefills of
     `DENSE_FROM_ROWS` rows or more, or other activations."""
 
+    #: The activations the kernel takes.
+    activations = torch.bfloat16
+
     def __init__(self, dense: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = dense.in_features, dense.out_features
@@ -416,12 +419,12 @@ class RecordsHead(nn.Module):
         self.bias = dense.bias
 
     def _product(self, x2d: torch.Tensor) -> torch.Tensor:
-        """Bfloat16 x2d [M, K] -> logits [M, V] on the kernel."""
+        """x2d [M, K] in `activations` -> logits [M, V] on the kernel."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
-        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.bfloat16:
+        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != self.activations:
             y = nn.functional.linear(x2d, self.weight.to(x.dtype))
         else:
             y = self._product(x2d)
@@ -871,6 +874,33 @@ class Int8RecordsHead(RecordsHead):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row, pardec's kernel"
 
 
+class Int8F32Head(RecordsHead):
+    """The output head's logits on pardec's AVX2 kernel (``pardec_avx2::q8f32_mm``,
+    `RecordsHead`): `Int8Head`'s smoothed int8 codes by float32 activations, float32 sums,
+    each row alone. Without VNNI, `Int8Head`'s int8 x int8 products (``_int_mm``) cost
+    about one row's time per row (docs/runner.md, "float32 on AVX2")."""
+
+    activations = torch.float32
+
+    def __init__(self, dense: nn.Linear) -> None:
+        super().__init__(dense)
+        codes, scales, smooth = smoothed_int8(dense.weight)
+        self.register_buffer("smooth", smooth)  # [K] float32
+        self.register_buffer("codes", codes)  # [V, K] int8
+        self.register_buffer("scales", scales)  # [V] float32
+
+    @staticmethod
+    def fits(head: nn.Module) -> bool:
+        """Whether `head` is a CPU nn.Linear of inputs in 8s."""
+        return isinstance(head, nn.Linear) and head.weight.device.type == "cpu" and head.in_features % 8 == 0
+
+    def _product(self, x2d: torch.Tensor) -> torch.Tensor:
+        return torch.ops.pardec_avx2.q8f32_mm(x2d * self.smooth, self.codes, self.scales)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row, pardec's AVX2 kernel"
+
+
 def smoothed_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A head's int8 codes as `Int8Head` and `Int8RecordsHead` hold them: each input column
     j divided by ``c[j] = sqrt(max |W[:, j]|)`` (SmoothQuant's alpha 0.5, from the weight
@@ -986,15 +1016,21 @@ def _int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
 
 
-def quantize_head(model: nn.Module, *, ours: bool = False) -> bool:
+def quantize_head(model: nn.Module, *, ours: bool = False, avx2: bool = False) -> bool:
     """Route the model's logits through `Int8Head`, or with `ours` (pardec's kernels
-    loaded, bfloat16 activations) `Int8RecordsHead` where it fits, in place; False
-    (nothing changed) when the model has no nn.Linear output head or it is not on a CPU
-    (``_int_mm`` on CUDA wants more than 16 rows)."""
+    loaded, bfloat16 activations) `Int8RecordsHead`, or with `avx2` (pardec's AVX2 kernels
+    loaded, float32 activations) `Int8F32Head`, where it fits, in place; False (nothing
+    changed) when the model has no nn.Linear output head or it is not on a CPU (``_int_mm``
+    on CUDA wants more than 16 rows)."""
     head = _output_head(model)
     if not isinstance(head, nn.Linear) or head.weight.device.type != "cpu":
         return False
-    model.set_output_embeddings(Int8RecordsHead(head) if ours and Int8RecordsHead.fits(head) else Int8Head(head))
+    if ours and Int8RecordsHead.fits(head):
+        model.set_output_embeddings(Int8RecordsHead(head))
+    elif avx2 and Int8F32Head.fits(head):
+        model.set_output_embeddings(Int8F32Head(head))
+    else:
+        model.set_output_embeddings(Int8Head(head))
     return True
 
 
@@ -1172,7 +1208,7 @@ def own_kernel_activations(module: nn.Module) -> str | None:
     on the AVX512 library, "float32" on the AVX2 one), None for a module that calls none."""
     if isinstance(module, Int4Records):
         return module.activations
-    if isinstance(module, (F32Linear, Int8F32)):
+    if isinstance(module, (F32Linear, Int8F32, Int8F32Head)):
         return "float32"
     return "bfloat16" if isinstance(module, (_PairRecords, RecordsHead)) else None
 

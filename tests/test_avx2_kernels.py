@@ -119,6 +119,22 @@ def test_an_int8_layer_on_the_kernel_gives_what_torch_s_int8_kernel_gives(avx2_d
     assert Int8F32.from_int8(Int8Linear.from_weight(torch.randn(8, 64).bfloat16())) is None  # bfloat16 scales
 
 
+def test_an_int8_head_on_the_kernel_computes_each_row_s_logits_alone(avx2_dir: Path) -> None:
+    """`Int8Head`'s smoothed codes, by float32 activations in one pass: close to the dense
+    head and to `Int8Head`, each row's logits the same bits alone or beside others."""
+    dense = torch.nn.Linear(64, 200, bias=False)
+    head = quant.Int8F32Head(dense)
+    assert head.weight is dense.weight and quant.own_kernel_activations(head) == "float32"
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(3))
+    together = head(x)
+    assert all(torch.equal(head(x[i:i + 1]), together[i:i + 1]) for i in range(7))
+    want = dense(x)
+    assert (together - want).norm() < 0.01 * want.norm()
+    torch.testing.assert_close(together, quant.Int8Head(dense, prepack=False)(x), rtol=0.02, atol=0.02)
+    long = torch.randn(DENSE_FROM_ROWS, 64)  # a long prefill: the dense weight
+    assert torch.equal(head(long), torch.nn.functional.linear(long, dense.weight))
+
+
 def test_use_avx2_puts_float32_layers_and_the_head_on_the_kernel_over_their_own_weights(avx2_dir: Path) -> None:
     model = tiny_llama(3, vocab=96, layers=2, hidden=64)
     weight = model.get_output_embeddings().weight
@@ -184,6 +200,7 @@ def test_float32_loads_take_the_avx2_kernels_once_built_in_the_store(
     assert isinstance(model.get_output_embeddings(), F32Linear)
     model, _ = load_model(path, dtype="float32", device="cpu", weights="int8")
     assert isinstance(model.model.layers[0].mlp.down_proj, Int8F32) and quant.weights_label(model) == "int8"
+    assert isinstance(model.get_output_embeddings(), quant.Int8F32Head)
     # bfloat16, int4, a CPU that does not want them, or PARDEC_KERNELS=0: torch's products.
     for dtype, weights_ in (("bfloat16", "full"), ("float32", "int4")):
         model, _ = load_model(path, dtype=dtype, device="cpu", weights=weights_)

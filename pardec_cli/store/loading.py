@@ -254,8 +254,10 @@ def load_model(
     check_loaded_weights(path, info)
     if not stored_blocks:
         quantize_linears(model, mode)
+    # float32 dense and int8 layers (and the head) on pardec's AVX2 kernels
+    avx2 = mode in ("full", "int8") and device == "cpu" and dtype == "float32" and _avx2_kernels()
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
-        quantize_head(model, ours=records == "bfloat16")
+        quantize_head(model, ours=records == "bfloat16", avx2=avx2)
     model.eval()
     if records is not None:  # layers on pardec's kernels (int4 ones not read as codes, int8, dense)
         use_records(model, records)
@@ -263,9 +265,8 @@ def load_model(
             head_on_records(model)
     if mode == "full" and device == "cpu" and dtype == "bfloat16" and cpu_info().has_fast_bf16:
         pack_linears(model)  # dense layers pardec's kernel did not take: on oneDNN's packing
-    avx2 = mode in ("full", "int8") and device == "cpu" and dtype == "float32" and _avx2_kernels()
     if avx2:
-        use_avx2(model)  # float32 dense and int8 layers (and a dense head) on pardec's AVX2 kernels
+        use_avx2(model)
     if mode in ("int4", "int8") or records is not None or avx2:  # on a CPU, q/k/v and gate/up: one call each when compiled
         share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     return model, tokenizer
