@@ -247,6 +247,7 @@ def test_doctor_says_whether_the_avx2_kernels_run_here() -> None:
 def test_layers_of_one_input_share_one_product_when_compiled(avx2_dir: Path, weights: str, op_name: str) -> None:
     """q/k/v and gate/up: one weight each group (members' weights become row views of it,
     no second copy), and a compiled step makes one call per group."""
+    from tests.test_int4_kernels import compiled_product_calls
     from tests.test_quant import quantize_linears_on
 
     model = tiny_llama(4, layers=2, hidden=128)
@@ -266,21 +267,6 @@ def test_layers_of_one_input_share_one_product_when_compiled(avx2_dir: Path, wei
     name = "weight" if weights == "full" else "weight_int8"
     assert [m.shared_columns for m in members] == [(0, 128), (128, 192), (192, 256)]
     assert all(getattr(m, name).untyped_storage().data_ptr() == getattr(members[0], f"shared_{name}").data_ptr() for m in members)
-    assert isinstance(attention.q_proj.weight if weights == "full" else attention.q_proj.weight_int8, torch.Tensor)
-    calls: list[tuple[int, int]] = []
-
-    def counting(graph: torch.fx.Graph) -> None:
-        count = lambda: sum(n.target is op for n in graph.nodes)  # noqa: E731
-        before = count()
-        quant.merge_identical_products(graph)
-        calls.append((before, count()))
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_pre_pass": counting})
-    try:
-        with torch.no_grad():
-            traced = compiled(ids).logits
-    finally:
-        torch._dynamo.reset()
+    calls, traced = compiled_product_calls(model, ids, op)
     assert calls == [(2 * 7 + head, 2 * 4 + head)]
     torch.testing.assert_close(traced, after, rtol=1e-4, atol=1e-5)

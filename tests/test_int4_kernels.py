@@ -321,6 +321,26 @@ RECORD_KINDS = [pytest.param("int4", "bfloat16", "q4bf16_mm", marks=needs_bf16),
                 pytest.param("full", "bfloat16", "bf16_mm", marks=needs_bf16)]  # fmt: skip
 
 
+def compiled_product_calls(model: torch.nn.Module, ids: torch.Tensor, op: object) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """Compile `model` (fullgraph) and run it on `ids`: per graph, the calls of `op` before
+    and after `quant.merge_identical_products`, and the logits."""
+    calls: list[tuple[int, int]] = []
+
+    def counting(graph: torch.fx.Graph) -> None:
+        count = lambda: sum(n.target is op for n in graph.nodes)  # noqa: E731
+        before = count()
+        quant.merge_identical_products(graph)
+        calls.append((before, count()))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_pre_pass": counting})
+    try:
+        with torch.no_grad():
+            return calls, compiled(ids).logits
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize(("weights", "activations", "op_name"), RECORD_KINDS)
 def test_layers_of_one_input_share_records_and_compile_to_one_call_per_group(
     kernel_dir: Path, weights: str, activations: str, op_name: str
@@ -342,21 +362,7 @@ def test_layers_of_one_input_share_records_and_compile_to_one_call_per_group(
     assert all(m.blocks.untyped_storage().data_ptr() == members[0].shared_blocks.data_ptr() for m in members)
     if weights == "int8":  # the scales too: views of the group's, one copy
         assert all(m.scales.untyped_storage().data_ptr() == members[0].shared_scales.data_ptr() for m in members)
-    calls: list[tuple[int, int]] = []
-
-    def counting(graph: torch.fx.Graph) -> None:
-        count = lambda: sum(n.target is op for n in graph.nodes)  # noqa: E731
-        before = count()
-        quant.merge_identical_products(graph)
-        calls.append((before, count()))
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_pre_pass": counting})
-    try:
-        with torch.no_grad():
-            traced = compiled(ids).logits
-    finally:
-        torch._dynamo.reset()
+    calls, traced = compiled_product_calls(model, ids, op)
     assert calls == [(2 * 7, 2 * 4)]
     # Within 16-bit roundings; for int8 activations also: inductor's fused kernels round
     # differently in the last bits, and an activation on the edge between two int8 codes
