@@ -506,12 +506,18 @@ def unpack_records(blocks: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, 
     return q, f32(blocks[..., 256:288]), f32(blocks[..., 288:320])
 
 
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether a product of `tensors` must be differentiable (pardec's ops have no backward)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 class F32Linear(nn.Linear):
     """A float32 nn.Linear (a decoder layer or the output head) on pardec's AVX2 kernel
     ``pardec_avx2::f32_mm`` over its own weight, shared, not copied: y = x @ W.T + bias,
     each row computed alone (a row's output does not depend on the rows beside it). A
-    prefill of `DENSE_FROM_ROWS` rows or more, or other activations, takes
-    ``nn.functional.linear``. Still an nn.Linear for its readers (heads, layer-skip)."""
+    prefill of `DENSE_FROM_ROWS` rows or more, other activations, or activations that need
+    a gradient take ``nn.functional.linear``. Still an nn.Linear for its readers (heads,
+    layer-skip)."""
 
     def __init__(self, dense: nn.Linear) -> None:
         super().__init__(dense.in_features, dense.out_features, bias=False, device="meta")
@@ -529,7 +535,7 @@ class F32Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
-        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.float32:
+        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.float32 or _needs_grad(x2d, self.weight):
             return nn.functional.linear(x, self.weight, self.bias)
         if self.shared_columns is not None and torch.compiler.is_compiling():
             lo, hi = self.shared_columns  # the group's product, sliced (as `Int4Records`)
@@ -561,7 +567,7 @@ class Int8F32(Int8Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
-        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.float32:
+        if x2d.shape[0] >= DENSE_FROM_ROWS or x2d.dtype != torch.float32 or _needs_grad(x2d):
             return super().forward(x)
         if self.shared_columns is not None and torch.compiler.is_compiling():
             lo, hi = self.shared_columns

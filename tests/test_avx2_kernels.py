@@ -102,10 +102,16 @@ def test_a_float32_layer_on_the_kernel_keeps_its_weight_and_bias(avx2_dir: Path)
     layer = F32Linear(dense)
     assert isinstance(layer, torch.nn.Linear) and layer.weight is dense.weight and layer.bias is dense.bias
     x = torch.randn(2, 5, 64)
-    torch.testing.assert_close(layer(x), dense(x))
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), dense(x))
     # A long prefill, or other activations, take torch's product of the same weight.
     long = torch.randn(DENSE_FROM_ROWS, 64)
     assert torch.equal(layer(long), torch.nn.functional.linear(long, dense.weight, dense.bias))
+    # A gradient through it (the op has no backward): torch's product.
+    wanted = torch.randn(3, 64, requires_grad=True)
+    layer(wanted).sum().backward()
+    assert wanted.grad is not None and torch.allclose(wanted.grad, dense.weight.sum(0).expand(3, 64))
+    assert dense.weight.grad is not None
     assert not F32Linear.takes(torch.nn.Linear(60, 8)) and not F32Linear.takes(torch.nn.Linear(64, 8).bfloat16())
     assert not F32Linear.takes(layer)  # not twice
 
