@@ -222,6 +222,15 @@ def build_in_background(directory: Path) -> bool:
     return True
 
 
+def ready(directory: Path) -> bool:
+    """Load the library built in `directory`; where it is not built, start its detached
+    build (`build_in_background`) for later runs and say False: this run keeps torch's kernels."""
+    if load(directory):
+        return True
+    build_in_background(directory)
+    return False
+
+
 def _build_running(directory: Path) -> bool:
     from filelock import FileLock, Timeout
 

@@ -556,14 +556,15 @@ class Int8F32(Int8Linear):
     each row computed alone. torch's ``_weight_int8pack_mm`` works row by row on such CPUs
     (16 rows cost 14 one; docs/runner.md)."""
 
+    #: As `F32Linear.shared_columns` (`share_products` sets it on the instance).
+    shared_columns: tuple[int, int] | None = None
+
     @classmethod
     def from_int8(cls, layer: Int8Linear) -> Int8F32 | None:
         """The same layer on the kernel; None where it cannot take it."""
         if layer.scales.dtype != torch.float32 or layer.weight_int8.device.type != "cpu" or layer.in_features % 8:
             return None
-        new = cls(layer.weight_int8, layer.scales, None if layer.bias is None else layer.bias.detach())
-        new.shared_columns = None  # as `F32Linear.shared_columns`
-        return new
+        return cls(layer.weight_int8, layer.scales, None if layer.bias is None else layer.bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
@@ -587,14 +588,15 @@ def use_avx2(model: nn.Module) -> int:
     `Int8Linear` layers (`Int8F32`) on pardec's AVX2 kernels, in place (the caller has
     loaded the `kernels.AVX2` library); returns how many."""
     swapped = 0
+    head = _output_head(model)
     for name, layer in list(model.named_modules()):
         new: nn.Module | None = None
-        if isinstance(layer, nn.Linear) and F32Linear.takes(layer):
+        if F32Linear.takes(layer):
             new = F32Linear(layer)
         elif type(layer) is Int8Linear:
             new = Int8F32.from_int8(layer)
         if new is not None:
-            if layer is _output_head(model):
+            if layer is head:
                 model.set_output_embeddings(new)
             else:
                 _replace(model, name, new)

@@ -297,10 +297,9 @@ def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | Non
     if not q4q8 and not kernels.enabled():
         return None
     directory = kernels.build_dir(kernels_dir())
+    if not q4q8 and not kernels.ready(directory):
+        return None
     if not kernels.load(directory):
-        if not q4q8:
-            kernels.build_in_background(directory)
-            return None
         if notice is not None:
             notice("building pardec's int4 kernels for this CPU (once, about 20 s)")
         try:
@@ -324,11 +323,7 @@ def _avx2_kernels() -> bool:
 
     if not kernels.enabled() or not kernels.avx2_wanted(cpu_info().flags):
         return False
-    directory = kernels.build_dir(kernels_dir(), kernels.AVX2)
-    if kernels.load(directory):
-        return True
-    kernels.build_in_background(directory)
-    return False
+    return kernels.ready(kernels.build_dir(kernels_dir(), kernels.AVX2))
 
 
 def _check_still_there(path: Path) -> None:
