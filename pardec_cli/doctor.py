@@ -179,8 +179,11 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
+    kernels_now = int4_kernels_report()  # auto's q4q8 in float32 needs the AVX2 kernels built
+    avx2 = (hardware.device == "cpu" and hardware.dtype == "float32" and kernels_now["enabled"] and kernels_now["float32"]
+            and kernels_now["avx2_status"] == "built")  # fmt: skip
     held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device,
-                           stored="q4" if is_quantized_dir(path) else None)  # fmt: skip
+                           stored="q4" if is_quantized_dir(path) else None, avx2=avx2)  # fmt: skip
     step = step_kind(hardware.dtype, held, compiled=False)
     usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (

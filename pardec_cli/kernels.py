@@ -23,7 +23,9 @@ int8 or bfloat16 weights (`quant.Int8Records`, `quant.BF16Records`), and an atte
 ``pardec_avx2::q8f32_mm``: float32 and int8 weights by float32 activations, each row
 computed alone, what float32 layers use on a CPU whose torch runs AVX2 kernels (no
 AVX512), where MKL's float32 products of a few rows read the weights at a third of the
-memory's rate (docs/runner.md, "float32 on AVX2").
+memory's rate (docs/runner.md, "float32 on AVX2"); and ``pardec_avx2::q4q8_mm``, the
+records of ``q4q8_mm`` above by int8 activation groups with AVX2's byte products, what
+``--weights q4q8`` uses there.
 
 Each library is compiled once per machine with torch's C++ extension builder into pardec's
 store. The first load that could use one starts a detached
@@ -70,8 +72,8 @@ CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mf16c"
 LDFLAGS = ("-fopenmp",)
 AVX512 = Library("pardec_int4", "data/int4_kernels.cpp", "int4", "pardec_q4", "q4bf16_mm", CFLAGS, LDFLAGS)
 #: float32 activations on AVX2 (every op of it needs these).
-AVX2_FLAGS = ("avx2", "fma")
-AVX2 = Library("pardec_avx2", "data/avx2_kernels.cpp", "avx2", "pardec_avx2", "f32_mm", ("-O3", "-mavx2", "-mfma", "-fopenmp"))
+AVX2_FLAGS = ("avx2", "fma", "f16c")
+AVX2 = Library("pardec_avx2", "data/avx2_kernels.cpp", "avx2", "pardec_avx2", "f32_mm", ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"))
 LIBRARY = AVX512.name
 FAILED = "failed"
 
@@ -253,6 +255,10 @@ def _register_fakes(library: Library = AVX512) -> None:
     if library is AVX2:  # x [M, K] by w [N, K] -> [M, N] float32
         torch.library.register_fake("pardec_avx2::f32_mm", lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
         torch.library.register_fake("pardec_avx2::q8f32_mm", lambda x, q, scales: x.new_empty((x.shape[0], q.shape[0])))
+        # x [M, K] by records w [N/16, K/32, 320] -> [M, n] float32
+        torch.library.register_fake("pardec_avx2::q4q8_mm", lambda x, w, n: x.new_empty((x.shape[0], n), dtype=torch.float32))
+        # query [B, H, R, D] -> output [B, R, H, D]
+        torch.library.register_fake("pardec_avx2::attention", lambda q, k, v, mask, scaling: q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3])))
         return
 
     def out(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:

@@ -193,7 +193,7 @@ class Int4Linear(nn.Module):
 RECORD_BLOCK, RECORD_GROUP, RECORD_BYTES = 16, 32, 320
 #: Rows pardec's kernels compute per pass over a block's weights.
 RECORD_ROW_TILE = 8
-_ACTIVATIONS = ("bfloat16", "int8")
+_ACTIVATIONS = ("bfloat16", "int8", "float32")
 
 
 class Int4Records(nn.Module):
@@ -203,7 +203,10 @@ class Int4Records(nn.Module):
     - ``activations="bfloat16"``: ``pardec_q4::q4bf16_mm`` (AVX512-BF16), the arithmetic
       of `Int4Linear`'s kernel (bfloat16 activations, float32 sums), faster;
     - ``activations="int8"``: ``pardec_q4::q4q8_mm`` (AVX512-VNNI), activations in int8
-      groups of 32, llama.cpp's Q4_1 x Q8_1 (``--weights q4q8``).
+      groups of 32, llama.cpp's Q4_1 x Q8_1 (``--weights q4q8``);
+    - ``activations="float32"``: ``pardec_avx2::q4q8_mm``, the same arithmetic on the AVX2
+      library (``--weights q4q8`` on a CPU without AVX512; "float32" names that library,
+      as in `own_kernel_activations`: any float activations, quantized in the kernel).
 
     Either way a row's output does not depend on the other rows of the call. `blocks` is
     uint8 [N/16, K/32, 320] (`pack_records`). A prefill of `DENSE_FROM_ROWS` rows or more
@@ -265,6 +268,8 @@ class Int4Records(nn.Module):
     def _product(self, x2d: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor:
         if self.activations == "int8":
             return torch.ops.pardec_q4.q4q8_mm(x2d, blocks, n)
+        if self.activations == "float32":
+            return torch.ops.pardec_avx2.q4q8_mm(x2d, blocks, n)
         return torch.ops.pardec_q4.q4bf16_mm(x2d, blocks, n)
 
     def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
@@ -606,7 +611,7 @@ def use_avx2(model: nn.Module) -> int:
 
 def use_records(model: nn.Module, activations: str) -> int:
     """Swap the model's CPU `Int4Linear` layers for `Int4Records` multiplying `activations`
-    ("bfloat16" or "int8"), and with "bfloat16" its `Int8Linear` ones for `Int8Records`
+    ("bfloat16", "int8" or "float32": `Int4Records`' kernels), and with "bfloat16" its `Int8Linear` ones for `Int8Records`
     and its decoder's dense bfloat16 nn.Linear ones for `BF16Records`, where the kernels
     take them, in place (the caller has loaded `pardec_cli.kernels`); returns how many."""
     swapped = 0
@@ -1142,7 +1147,7 @@ MERGE_SHARED_PRODUCTS = "pardec.quant.merge_shared_products.2"
 #: later), so equal calls of these pure ops on equal arguments are equal values.
 _MERGED = ("aten._weight_int4pack_mm_for_cpu.default", "pardec_q4.q4bf16_mm.default", "pardec_q4.q4q8_mm.default",
            "pardec_q4.q8bf16_mm.default", "pardec_q4.bf16_mm.default", "pardec_avx2.f32_mm.default",
-           "pardec_avx2.q8f32_mm.default",
+           "pardec_avx2.q8f32_mm.default", "pardec_avx2.q4q8_mm.default",
            "aten.reshape.default", "aten.view.default", "aten._unsafe_view.default")  # fmt: skip
 
 
@@ -1202,7 +1207,7 @@ def weights_label(model: nn.Module) -> str:
     """What the model's decoder layers hold: "int8", "int4" (whichever kernel), "q4q8"
     (int4 by int8 activations, where any layer is), or "full" (dense)."""
     modules = list(model.modules())
-    if any(isinstance(m, Int4Records) and m.activations == "int8" for m in modules):
+    if any(isinstance(m, Int4Records) and m.activations in ("int8", "float32") for m in modules):
         return "q4q8"
     if any(isinstance(m, (Int4Linear, Int4Records)) for m in modules):
         return "int4"
@@ -1225,6 +1230,12 @@ def on_own_bf16_kernels(model: nn.Module) -> bool:
     """Whether any of the model's int4, int8 or dense layers (or its head) multiply on
     pardec's bfloat16 kernels: then the kernels are loaded and this CPU runs them."""
     return any(own_kernel_activations(m) == "bfloat16" for m in model.modules())
+
+
+def on_own_f32_kernels(model: nn.Module) -> bool:
+    """Whether any of the model's layers (or its head) multiply on pardec's AVX2 kernels
+    (float32 activations): then that library is loaded."""
+    return any(own_kernel_activations(m) == "float32" for m in model.modules())
 
 
 def kernel_suffix(model: nn.Module) -> str:

@@ -174,6 +174,9 @@ class Session:
                 model, on_notice=notice, step_dir=compiled_steps_dir(), compile_missing=compile_missing
             )
         else:
+            from pardec_cli.engine.runner import use_row_exact_attention
+
+            use_row_exact_attention(model)  # float32 on pardec's AVX2 kernels: each row's attention alone
             self.target = LanguageModel(model)
         self.tokenizer = tokenizer
         self.model_name = model_name

@@ -11,15 +11,21 @@ WEIGHT_MODES = ("auto", "full", "int8", "int4", "q4q8")
 # verification; int8, and any packed kernel in float32, were slower than dense. The
 # measurement (devtools/measure_weights.py) is in docs/weights.md.
 AUTO_CPU: dict[tuple[str, str | None], str] = {("bfloat16", "q4"): "int4"}
+#: Where float32 layers run on pardec's AVX2 kernels (built; a CPU without AVX512), before
+#: `AUTO_CPU`: a model kept as GGUF 4-bit blocks runs as q4q8, llama.cpp's own arithmetic
+#: for those blocks (Q4_1 by Q8_1), at about half the one-token step of int8 and a third of
+#: dense float32 (docs/weights.md, "q4q8 on AVX2").
+AUTO_AVX2: dict[tuple[str, str | None], str] = {("float32", "q4"): "q4q8"}
 
 
-def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None) -> str:
+def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None, avx2: bool = False) -> str:
     """`--weights` -> "full", "int8", "int4" or "q4q8" for this device, dtype and stored form.
 
-    "auto" takes `AUTO_CPU` on a CPU and "full" elsewhere (the CUDA kernels are written
-    but not measured here); it never takes "q4q8" (int4 weights by int8 activations:
-    faster steps, further from the full model; docs/weights.md). `stored` is "q4" for a
-    model kept as GGUF 4-bit blocks (`store.quantized`), None for dense weights.
+    "auto" takes `AUTO_AVX2` where `avx2` says float32 layers run on pardec's AVX2 kernels
+    here, else `AUTO_CPU`, on a CPU, and "full" elsewhere (the CUDA kernels are written but
+    not measured here). Elsewhere it never takes "q4q8" (int4 weights by int8 activations:
+    further from the full model than int4 by bfloat16; docs/weights.md). `stored` is "q4" for
+    a model kept as GGUF 4-bit blocks (`store.quantized`), None for dense weights.
     """
     from pardec_cli.errors import PardecUsageError
 
@@ -28,5 +34,7 @@ def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None
     if weights != "auto":
         return weights
     if device == "cpu":
+        if avx2 and (dtype, stored) in AUTO_AVX2:
+            return AUTO_AVX2[(dtype, stored)]
         return AUTO_CPU.get((dtype, stored), "full")
     return "full"

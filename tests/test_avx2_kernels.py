@@ -1,5 +1,6 @@
 """pardec's AVX2 kernels (`kernels.AVX2`) and the float32 layers on them: dense float32
-layers and heads (`quant.F32Linear`) and int8 layers in float32 (`quant.Int8F32`).
+layers and heads (`quant.F32Linear`), int8 layers in float32 (`quant.Int8F32`) and
+``--weights q4q8`` (`quant.Int4Records` with ``activations="float32"``).
 
 The kernels' tests build the library once for the run (about 20 s) and are skipped on a
 CPU without AVX2 and FMA; the loading choices run everywhere.
@@ -180,6 +181,217 @@ def test_a_float32_model_on_the_kernels_gets_the_same_logits_in_every_compiled_s
         assert got == plain, method
 
 
+# -------------------------------------------------------------- q4q8 on AVX2
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_q4q8_computes_q4_1_by_q8_products(avx2_dir: Path, rows: int) -> None:
+    """llama.cpp's Q4_1 x Q8_1 over pardec's records: each row's groups of 32 to int8,
+    exact integer sums, then the float16 scales and minimums; a row's output is the same
+    bits alone or beside others (a verifying step's rows equal one-token steps')."""
+    from tests.test_int4_kernels import codes, reference_q8
+
+    q, scale, minimum = codes(64, 96)
+    blocks = quant.pack_records(q, scale, minimum)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+    got = torch.ops.pardec_avx2.q4q8_mm(x, blocks, 64)
+    assert got.shape == (rows, 64) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), reference_q8(x, q, scale, minimum), rtol=1e-5, atol=1e-4)
+    assert all(torch.equal(torch.ops.pardec_avx2.q4q8_mm(x[i:i + 1], blocks, 64), got[i:i + 1]) for i in range(rows))
+    # Any float activations (a bfloat16 model asking for q4q8): float32 out.
+    half = x.bfloat16()
+    assert torch.equal(torch.ops.pardec_avx2.q4q8_mm(half, blocks, 64), torch.ops.pardec_avx2.q4q8_mm(half.float(), blocks, 64))
+
+
+def test_q4q8_s_integer_sums_do_not_overflow_at_the_extremes(avx2_dir: Path) -> None:
+    """Codes 15 by activation codes +-127 (a group of equal activations): the largest
+    int16 partial sums VPMADDUBSW can produce here, still exact."""
+    from tests.test_int4_kernels import reference_q8
+
+    q = torch.full((16, 64), 15, dtype=torch.uint8)
+    scale, minimum = torch.full((16, 2), 0.5), torch.zeros(16, 2)
+    x = torch.cat([torch.full((1, 64), 3.0), torch.full((1, 64), -3.0)])
+    got = torch.ops.pardec_avx2.q4q8_mm(x, quant.pack_records(q, scale, minimum), 16)
+    torch.testing.assert_close(got.double(), reference_q8(x, q, scale, minimum))
+    assert got[0, 0].item() == 64 * 15 * 0.5 * 3.0
+
+
+def test_q4q8_s_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
+    from tests.test_int4_kernels import codes
+
+    blocks = quant.pack_records(*codes(32, 64))
+    x = torch.randn(2, 64)
+    for bad in (
+        lambda: torch.ops.pardec_avx2.q4q8_mm(x, blocks, 48),  # n does not match the records
+        lambda: torch.ops.pardec_avx2.q4q8_mm(x[:, :32], blocks, 32),  # K differs
+        lambda: torch.ops.pardec_avx2.q4q8_mm(x, blocks[:, :, :300].contiguous(), 32),
+        lambda: torch.ops.pardec_avx2.q4q8_mm(x, blocks.float(), 32),
+        lambda: torch.ops.pardec_avx2.q4q8_mm(x[0], blocks, 32),
+        lambda: torch.ops.pardec_avx2.q4q8_mm(x.long(), blocks, 32),
+    ):
+        with pytest.raises(RuntimeError):
+            bad()
+
+
+def test_q4q8_on_avx2_keeps_every_method_exact_in_compiled_steps(avx2_dir: Path, tmp_path: Path) -> None:
+    """Compiled, the one-token, verify and wide steps give a token the same logits with
+    activations rounded to int8, so every method's greedy tokens are plain decoding's."""
+    from pardec_cli.engine.cache import rollback_to
+    from pardec_cli.engine.runner import CompiledLanguageModel
+    from tests.test_runner import run_on
+
+    model = tiny_llama(5, vocab=96, layers=2, hidden=64)
+    quant.quantize_linears(model, "int4")
+    assert quant.use_records(model, "float32") == 2 * 7 and quant.weights_label(model) == "q4q8"
+    assert use_avx2(model) == 1 and quant.kernel_suffix(model) == "+pardec"  # the head: each row alone too
+    runner = CompiledLanguageModel(model, step_dir=tmp_path)
+    prompt, tokens = random_prompt(5), random_prompt(6)[:12]
+    with torch.inference_mode():
+        cache = runner.new_cache(len(prompt) + 2 * len(tokens))
+        runner.forward(prompt, cache, last_only=True)
+        alone = torch.stack([runner.forward([token], cache)[-1] for token in tokens])
+        for rows in (2, 8, 12):
+            rollback_to(cache, len(prompt))
+            together = runner.forward(tokens[:rows], cache, parents=tuple(range(-1, rows - 2)))
+            assert torch.equal(together, alone[:rows]), rows  # the same bits: int8 roundings cannot part
+    plain, _ = run_on(runner, "vanilla", {}, prompt, max_new_tokens=48)
+    for method, options in (("pld", {}), ("suffix+recycling", {}), ("suffix", {"max_nodes": 24})):
+        got, _ = run_on(runner, method, options, prompt, max_new_tokens=48)
+        assert got == plain, method
+
+
+def test_q4q8_loads_on_the_avx2_library_where_avx512_vnni_is_missing(
+    avx2_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """Asked for, q4q8 takes the AVX2 library (built at once where it is not: the load
+    waits, with a notice), its layers straight from the GGUF's blocks, the head on int8."""
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+
+    monkeypatch.setattr(kernels, "cpu_supported", lambda flags, activations: False)  # no AVX512-VNNI
+    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags: True)
+    path = import_gguf(tiny_gguf, "tiny-q")
+    built: list[Path] = []
+    monkeypatch.setattr(kernels, "build", lambda directory: built.append(directory))
+    store = kernels.build_dir(kernels_dir(), kernels.AVX2)
+    store.mkdir(parents=True)
+    (store / f"{kernels.AVX2.name}.so").symlink_to(avx2_dir / f"{kernels.AVX2.name}.so")
+    model, _ = load_model(path, dtype="float32", device="cpu", weights="q4q8")
+    assert built == []  # built already: no wait
+    layer = model.model.layers[0].mlp.down_proj
+    assert isinstance(layer, quant.Int4Records) and layer.activations == "float32"
+    assert quant.weights_label(model) == "q4q8" and isinstance(model.get_output_embeddings(), quant.Int8F32Head)
+    full, _ = load_model(path, dtype="float32", device="cpu", weights="full")
+    assert torch.equal(layer.dequantize(), full.model.layers[0].mlp.down_proj.weight)  # the GGUF's weights exactly
+    ids = torch.tensor([random_prompt(7, 10)])
+    with torch.no_grad():
+        got, want = model(ids).logits, full(ids).logits
+    assert (got - want).norm() < 0.1 * want.norm()
+    # --weights auto takes it for 4-bit blocks in float32 once the kernels are built here
+    # (not for a bfloat16 load, nor with PARDEC_KERNELS=0).
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    model, _ = load_model(path, dtype="float32", device="cpu", weights="auto")
+    assert quant.weights_label(model) == "q4q8"
+    monkeypatch.setenv("PARDEC_KERNELS", "0")
+    model, _ = load_model(path, dtype="float32", device="cpu", weights="auto")
+    assert quant.weights_label(model) == "full"
+    # Not built in this store: built now (the load waits for it, with a notice).
+    (store / f"{kernels.AVX2.name}.so").unlink()
+    started: list[Path] = []
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    monkeypatch.setattr(kernels, "build_in_background", lambda directory: started.append(directory) or True)
+    model, _ = load_model(path, dtype="float32", device="cpu", weights="auto")  # auto does not wait for a build
+    assert quant.weights_label(model) == "full" and set(started) == {store}
+    notices: list[str] = []
+    monkeypatch.setattr(kernels, "load", lambda directory: bool(built))
+    monkeypatch.setattr(kernels, "loaded", lambda library=None: True)
+    load_model(path, dtype="float32", device="cpu", weights="q4q8", notice=notices.append)
+    assert built == [store] and notices and "once" in notices[0]
+
+
+# -------------------------------------------------------------- attention in float32
+
+
+def float32_attention_inputs(rows: int, heads: int, kv_heads: int, dim: int, width: int):
+    from tests.test_int4_kernels import attention_inputs
+
+    query, cache_k, cache_v, mask = attention_inputs(rows, heads, kv_heads, dim, width)
+    return query.float(), cache_k.float(), cache_v.float(), mask
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9, 33])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 16), (2, 1, 48)])
+def test_the_float32_attention_op_computes_softmax_attention(avx2_dir: Path, rows: int, heads: int, kv_heads: int, dim: int) -> None:
+    from tests.test_int4_kernels import reference_attention
+
+    query, cache_k, cache_v, mask = float32_attention_inputs(rows, heads, kv_heads, dim, width=70)
+    key, value = cache_k[:, :, :70], cache_v[:, :, :70]  # windows of the cache: strided views
+    got = torch.ops.pardec_avx2.attention(query, key, value, mask, dim**-0.5)
+    assert got.shape == (1, rows, heads, dim) and got.dtype == torch.float32
+    assert (got.double() - reference_attention(query, key, value, mask, dim**-0.5)).abs().max() < 1e-5
+
+
+def test_a_float32_attention_row_is_the_same_bits_alone_beside_other_rows_and_in_any_window(avx2_dir: Path) -> None:
+    """What keeps speculation exact with q4q8's int8 activations, where SDPA's last bits
+    moved a token's logits by up to ~2 between a decoding and a verifying step."""
+    query, cache_k, cache_v, mask = float32_attention_inputs(12, 9, 3, 64, width=100)
+    together = torch.ops.pardec_avx2.attention(query, cache_k[:, :, :100], cache_v[:, :, :100], mask, 0.125)
+    for r in (0, 5, 11):
+        seen = 100 - 12 + r + 1
+        for width in sorted({seen, min(seen + 3, 108), min(seen + 16, 108), 108}):
+            alone_mask = torch.full((1, 1, 1, width), torch.finfo(torch.float32).min)
+            alone_mask[..., :seen] = 0
+            alone = torch.ops.pardec_avx2.attention(query[:, :, r : r + 1], cache_k[:, :, :width], cache_v[:, :, :width], alone_mask, 0.125)
+            assert torch.equal(alone[0, 0], together[0, r]), (r, width)
+    # A tree's row: the same keys at other slots of the window (siblings masked between them).
+    sources = [*range(50), 56, 57, 58, 59]
+    chain = torch.ops.pardec_avx2.attention(query[:, :, :1], cache_k[:, :, sources], cache_v[:, :, sources], torch.zeros(1, 1, 1, 54), 0.125)
+    tree_k, tree_v = torch.zeros(1, 3, 64, 64), torch.zeros(1, 3, 64, 64)
+    tree_mask = torch.full((1, 1, 1, 64), float("-inf"))
+    for slot, source in zip([*range(50), 50, 53, 57, 58], sources):
+        tree_k[:, :, slot], tree_v[:, :, slot], tree_mask[..., slot] = cache_k[:, :, source], cache_v[:, :, source], 0
+    assert torch.equal(torch.ops.pardec_avx2.attention(query[:, :, :1], tree_k, tree_v, tree_mask, 0.125), chain)
+
+
+def test_bad_float32_attention_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
+    query, cache_k, cache_v, mask = float32_attention_inputs(2, 4, 2, 32, width=20)
+    key, value = cache_k[:, :, :20], cache_v[:, :, :20]
+    attention = torch.ops.pardec_avx2.attention
+    with pytest.raises(RuntimeError, match="float32"):
+        attention(query.bfloat16(), key, value, mask, 0.1)
+    with pytest.raises(RuntimeError, match="float32"):
+        attention(query, key, value, mask.bfloat16(), 0.1)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        attention(query, cache_k[:, :1, :20], value, mask, 0.1)
+    with pytest.raises(RuntimeError, match="mask"):
+        attention(query, key, value, mask[..., :19], 0.1)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        attention(query[..., :20], key[..., :20], value[..., :20], mask, 0.1)  # head size not a multiple of 8
+
+
+def test_float32_models_on_the_avx2_kernels_take_pardec_s_attention_eager_and_compiled(avx2_dir: Path) -> None:
+    from pardec_cli.engine.attention import KERNEL_ATTENTION, kernel_attention
+    from pardec_cli.engine.runner import runner_attention, use_row_exact_attention
+
+    model = tiny_llama(3, vocab=96, layers=2, hidden=64)
+    assert runner_attention(model) == "sdpa" and not use_row_exact_attention(model)  # torch's products: SDPA
+    use_avx2(model)
+    assert runner_attention(model) == KERNEL_ATTENTION
+    ids = torch.tensor([random_prompt(2, 9)])
+    with torch.no_grad():
+        before = model(ids).logits
+        assert use_row_exact_attention(model) and model.config._attn_implementation == KERNEL_ATTENTION
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+
+    class Module:
+        head_dim, num_key_value_groups, training = 16, 1, False
+
+    query, cache_k, cache_v, mask = float32_attention_inputs(3, 4, 4, 16, width=20)
+    got, _ = kernel_attention(Module(), query, cache_k[:, :, :20], cache_v[:, :, :20], mask)
+    assert torch.equal(got, torch.ops.pardec_avx2.attention(query, cache_k[:, :, :20], cache_v[:, :, :20], mask, 0.25))
+
+
 # -------------------------------------------------------------- loading and building
 
 
@@ -224,9 +436,10 @@ def test_only_a_cpu_whose_torch_runs_avx2_wants_them(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     assert kernels.avx2_wanted({"avx2", "fma", "f16c"})
     assert not kernels.avx2_wanted({"avx2"}) and not kernels.avx2_wanted({"fma"})
-    assert not kernels.avx2_wanted({"avx2", "fma", "avx512f"})  # measured only where torch runs AVX2
+    assert not kernels.avx2_wanted({"avx2", "fma"})  # q4q8_mm reads float16 scales (F16C)
+    assert not kernels.avx2_wanted({"avx2", "fma", "f16c", "avx512f"})  # measured only where torch runs AVX2
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert kernels.avx2_wanted({"avx2", "fma", "avx512f"})
+    assert kernels.avx2_wanted({"avx2", "fma", "f16c", "avx512f"})
 
 
 def test_each_library_builds_in_its_own_directory(tmp_path: Path) -> None:
@@ -242,7 +455,7 @@ def test_doctor_says_whether_the_avx2_kernels_run_here() -> None:
 
     base = {"dir": "/k/int4-abc", "status": "not built", "enabled": True, "bfloat16": False, "int8": False,
             "float32": True, "avx2_dir": "/k/avx2-def", "avx2_status": "built"}  # fmt: skip
-    assert _kernels_line(base) == "pardec's, built in /k/avx2-def: full and int8 weights in float32"
+    assert _kernels_line(base) == "pardec's, built in /k/avx2-def: full, int8 and q4q8 weights in float32"
     assert "first load in float32" in _kernels_line({**base, "avx2_status": "not built"})
     assert "PARDEC_KERNELS=0" in _kernels_line({**base, "enabled": False})
     assert "lacks AVX512-BF16" in _kernels_line({**base, "float32": False})

@@ -469,10 +469,12 @@ def test_kernel_attention_leaves_what_the_op_does_not_take_to_cpu_attention(kern
     query, cache_k, cache_v, mask = attention_inputs(MAX_ROWS + 1, 4, 2, 32, width=80)
     key, value = cache_k[:, :, :80], cache_v[:, :, :80]
     for args, kwargs in [((query, key, value, mask.bfloat16()), {}),  # a prefill longer than MAX_ROWS
-                         ((query[:, :, :3], key, value, None), {}),  # no mask
                          ((query[:, :, :3], key, value, mask[:, :, :3]), {"softcap": 30.0})]:  # fmt: skip
         got, weights = kernel_attention(module, *args, **kwargs)
         assert torch.equal(got, cpu_attention(module, *args, **kwargs)[0]) and weights is None
+    # No mask (transformers' causal skip): the rows are the window's last, causal.
+    got, _ = kernel_attention(module, query[:, :, -3:], key, value, None)
+    assert torch.equal(got, torch.ops.pardec_q4.attention(query[:, :, -3:], key, value, mask[:, :, -3:], 32**-0.5))
     got, _ = kernel_attention(module, query[:, :, -3:], key, value, mask[:, :, -3:])
     assert torch.equal(got, torch.ops.pardec_q4.attention(query[:, :, -3:], key, value, mask[:, :, -3:], 32**-0.5))
 
@@ -592,21 +594,28 @@ def test_asked_for_q4q8_loads_it_in_any_dtype(kernel_dir: Path, tiny_gguf: Path)
     assert torch.equal(layer.dequantize(), full.model.layers[0].mlp.down_proj.weight)
 
 
-def test_q4q8_on_a_cpu_without_vnni_is_a_usage_error(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def without_q4q8_instructions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU with neither AVX512-VNNI nor AVX2 (an old x86, or an ARM one)."""
+    from pardec_cli import hardware
+
+    monkeypatch.setattr(hardware, "cpu_info", lambda: hardware.CpuInfo("old", 2, frozenset({"sse4_2"})))
+
+
+def test_q4q8_on_a_cpu_without_vnni_or_avx2_is_a_usage_error(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     from pardec_cli.store.gguf_import import import_gguf
     from pardec_cli.store.loading import load_model
 
-    monkeypatch.setattr(kernels, "cpu_supported", lambda flags, activations: False)
+    without_q4q8_instructions(monkeypatch)
     path = import_gguf(tiny_gguf, "tiny-q")
-    with pytest.raises(PardecUsageError, match="AVX512-VNNI"):
+    with pytest.raises(PardecUsageError, match="AVX512-VNNI or AVX2"):
         load_model(path, dtype="bfloat16", device="cpu", weights="q4q8")
 
 
 def test_the_weights_flag_takes_q4q8_and_says_why_it_cannot(tiny_cli_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels, "cpu_supported", lambda flags, activations: False)
+    without_q4q8_instructions(monkeypatch)
     result = invoke(["gen", "-m", str(tiny_cli_model), "--weights", "q4q8", "-n", "2", "hi"])
     assert result.exit_code != 0
-    assert "AVX512-VNNI" in result.stderr and "Traceback" not in result.stderr
+    assert "AVX512-VNNI or AVX2" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_build_that_waited_for_another_process_s_loads_its_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -308,6 +308,12 @@ def test_weights_modes_resolve_and_a_bad_one_is_a_usage_error() -> None:
     assert resolve_weights("auto", dtype="bfloat16", device="cpu", stored="q4") == "int4"
     assert resolve_weights("auto", dtype="bfloat16", device="cpu", stored=None) == "full"
     assert resolve_weights("auto", dtype="float32", device="cpu", stored="q4") == "full"
+    # where float32 runs on pardec's AVX2 kernels: 4-bit blocks as q4q8 (llama.cpp's arithmetic)
+    assert resolve_weights("auto", dtype="float32", device="cpu", stored="q4", avx2=True) == "q4q8"
+    assert resolve_weights("auto", dtype="float32", device="cpu", stored=None, avx2=True) == "full"
+    assert resolve_weights("auto", dtype="bfloat16", device="cpu", stored="q4", avx2=True) == "int4"
+    assert resolve_weights("auto", dtype="float32", device="cuda", stored="q4", avx2=True) == "full"
+    assert resolve_weights("full", dtype="float32", device="cpu", stored="q4", avx2=True) == "full"
     with pytest.raises(PardecUsageError, match="--weights"):
         resolve_weights("int3", dtype="float32", device="cpu", stored=None)
 

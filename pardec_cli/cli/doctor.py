@@ -159,7 +159,7 @@ def _kernels_line(k: dict[str, Any]) -> str:
     """pardec's own kernels: what they do here, in one line."""
     uses = ", ".join(what for name, what in (("bfloat16", "int4, int8 and full weights in bfloat16"), ("int8", "--weights q4q8")) if k[name])
     if not uses and k.get("float32"):  # an AVX2 CPU: the AVX2 library
-        uses, status, directory, first = "full and int8 weights in float32", k["avx2_status"], k["avx2_dir"], "in float32"
+        uses, status, directory, first = "full, int8 and q4q8 weights in float32", k["avx2_status"], k["avx2_dir"], "in float32"
     else:
         status, directory, first = k["status"], k["dir"], "in bfloat16"
     if not uses:

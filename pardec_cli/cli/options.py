@@ -66,10 +66,10 @@ def model_options(f: F) -> F:
         "--weights", default="auto", show_default=True, type=click.Choice(WEIGHT_MODES),
         help="How the decoder's weights are held. full: dense, in the --dtype; int8: 8-bit per channel; int4: "
         "4-bit in groups of 32 (fewer bytes read per token, slightly different output); q4q8: int4 weights "
-        "by 8-bit activations, as llama.cpp multiplies Q4_1 (CPUs with AVX512-VNNI: 13-30% faster steps, "
+        "by 8-bit activations, as llama.cpp multiplies Q4_1 (CPUs with AVX512-VNNI or AVX2: faster steps, "
         "further from the full model; pardec compiles its kernel once, ~20 s). On a CPU all three also take "
-        "the output head's product in int8. auto: what measured fastest for the --dtype on a CPU (never q4q8), "
-        "dense on GPUs.",
+        "the output head's product in int8. auto: what measured fastest for the --dtype on a CPU (q4q8 only "
+        "for a GGUF 4-bit model in float32 on an AVX2 CPU, once pardec's kernels are built), dense on GPUs.",
     )(f)
     f = click.option(
         "-m", "--model", "model", default=None, metavar="MODEL", shell_complete=complete_model,

@@ -92,18 +92,27 @@ def kernel_attention(
     dropout: float = 0.0, scaling: float | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface on pardec's attention op (the kernels must be
-    loaded): (output [B, q, H, D], no weights). Whatever the op does not take (more than
-    MAX_ROWS rows, head sizes not a multiple of 16 or over 256, no mask, other dtypes,
-    Gemma 2's softcap) goes to `cpu_attention`."""
+    loaded: the AVX512 library's for bfloat16, the AVX2 one's for float32): (output
+    [B, q, H, D], no weights). Whatever the op does not take (more than
+    MAX_ROWS rows, head sizes not a multiple of 16 or over 256, other dtypes, Gemma 2's
+    softcap) goes to `cpu_attention`. No mask (transformers' causal skip): the new rows are
+    the window's last, each seeing the keys up to its own."""
     if scaling is None:
         scaling = module.head_dim**-0.5
-    dim = query.shape[-1]
+    dim, rows, width = query.shape[-1], query.shape[2], key.shape[2]
+    if attention_mask is None and rows <= MAX_ROWS:
+        # transformers leaves out the mask where causality alone says it (an eager decoding
+        # step: the new rows are the window's last): the op takes it written out.
+        seen = torch.arange(width, device=query.device) <= torch.arange(width - rows, width, device=query.device)[:, None]
+        attention_mask = torch.zeros(rows, width, device=query.device).masked_fill(~seen, float("-inf"))[None, None]
     if (
-        query.shape[2] <= MAX_ROWS and dim % 16 == 0 and dim <= 256 and attention_mask is not None
-        and attention_mask.dim() == 4 and attention_mask.dtype in (torch.bfloat16, torch.float32)
-        and query.dtype == key.dtype == value.dtype == torch.bfloat16 and kwargs.get("softcap") is None
+        rows <= MAX_ROWS and dim % 16 == 0 and dim <= 256 and attention_mask is not None
+        and attention_mask.dim() == 4 and kwargs.get("softcap") is None and query.dtype == key.dtype == value.dtype
     ):  # fmt: skip
-        return torch.ops.pardec_q4.attention(query, key, value, attention_mask, scaling), None
+        if query.dtype == torch.bfloat16 and attention_mask.dtype in (torch.bfloat16, torch.float32):
+            return torch.ops.pardec_q4.attention(query, key, value, attention_mask, scaling), None
+        if query.dtype == torch.float32 and attention_mask.dtype == torch.float32:  # the AVX2 library's
+            return torch.ops.pardec_avx2.attention(query, key, value, attention_mask, scaling), None
     output, _ = cpu_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     return output, None
 

@@ -200,7 +200,12 @@ def load_model(
     model_type = str(raw_config.get("model_type", "unknown"))
     dtype = canonical_dtype(dtype)
     stored_blocks = is_quantized_dir(path)
-    mode = resolve_weights(weights, dtype=dtype, device=device, stored="q4" if stored_blocks else None)
+    # float32 dense and int8 layers (and the head) go to pardec's AVX2 kernels where they are
+    # built (`_avx2_kernels` starts their build otherwise: this run keeps torch's), and auto
+    # may then pick q4q8 for 4-bit blocks.
+    float32_cpu = device == "cpu" and dtype == "float32"
+    avx2_ready = float32_cpu and weights in ("auto", "full", "int8") and _avx2_kernels()
+    mode = resolve_weights(weights, dtype=dtype, device=device, stored="q4" if stored_blocks else None, avx2=avx2_ready)
     q4q8 = mode == "q4q8"
     if q4q8:  # int4 codes, on pardec's kernel with int8 activations (`_own_kernels`)
         mode = "int4"
@@ -254,8 +259,8 @@ def load_model(
     check_loaded_weights(path, info)
     if not stored_blocks:
         quantize_linears(model, mode)
-    # float32 dense and int8 layers (and the head) on pardec's AVX2 kernels
-    avx2 = mode in ("full", "int8") and device == "cpu" and dtype == "float32" and _avx2_kernels()
+    # with q4q8 on the AVX2 library (loaded already), its head on int8 codes there too
+    avx2 = float32_cpu and (records == "float32" or (mode in ("full", "int8") and avx2_ready))
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
         quantize_head(model, ours=records == "bfloat16", avx2=avx2)
     model.eval()
@@ -278,8 +283,9 @@ def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | Non
 
     bfloat16 (int4, int8 or dense layers in bfloat16): where this CPU runs the kernel and it is built in
     the store; a first load starts its build in the background and keeps torch's kernel
-    meanwhile. "int8" (``--weights q4q8``, asked for): the kernel is built now if need be,
-    and a device or CPU without it is an error.
+    meanwhile. ``--weights q4q8`` (asked for): "int8" on the AVX512 library where the CPU
+    has AVX512-VNNI, else "float32" (the same product on the AVX2 library); the kernel is
+    built now if need be, and a device or CPU without either is an error.
     """
     from pardec_cli import kernels
     from pardec_cli.errors import PardecUsageError
@@ -289,28 +295,40 @@ def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | Non
     activations = "int8" if q4q8 else "bfloat16"
     if q4q8 and device != "cpu":
         raise PardecUsageError(f"--weights q4q8 runs on a CPU, not on {device}", hint="use --weights int4 or full")
-    if not kernels.cpu_supported(cpu_info().flags, activations):
-        if q4q8:
-            raise PardecUsageError("--weights q4q8 needs a CPU with AVX512-VNNI (and torch at AVX512)",
+    flags = cpu_info().flags
+    if not kernels.cpu_supported(flags, activations):
+        if not q4q8:
+            return None
+        if not all(flag in flags for flag in kernels.AVX2_FLAGS):
+            raise PardecUsageError("--weights q4q8 needs a CPU with AVX512-VNNI or AVX2 (and FMA, F16C)",
                                    hint="use --weights int4")  # fmt: skip
-        return None
+        _build_now(kernels.build_dir(kernels_dir(), kernels.AVX2), notice)
+        return "float32"
     if not q4q8 and not kernels.enabled():
         return None
     directory = kernels.build_dir(kernels_dir())
     if not q4q8 and not kernels.ready(directory):
         return None
-    if not kernels.load(directory):
-        if notice is not None:
-            notice("building pardec's int4 kernels for this CPU (once, about 20 s)")
-        try:
-            kernels.build(directory)
-        except Exception as exc:
-            raise ModelLoadError(f"cannot build pardec's int4 kernels: {first_line(exc)}",
-                                 hint=f"see {directory}; or use --weights int4") from None  # fmt: skip
-        if not kernels.loaded():
-            raise ModelLoadError(f"pardec's int4 kernels in {directory} do not load",
-                                 hint="remove that folder and try again, or use --weights int4")  # fmt: skip
+    _build_now(directory, notice)
     return activations
+
+
+def _build_now(directory: Path, notice: Callable[[str], None] | None) -> None:
+    """Load the kernel library of `directory`, building it first where it is not built."""
+    from pardec_cli import kernels
+
+    if kernels.load(directory):
+        return
+    if notice is not None:
+        notice("building pardec's int4 kernels for this CPU (once, about 20 s)")
+    try:
+        kernels.build(directory)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot build pardec's int4 kernels: {first_line(exc)}",
+                             hint=f"see {directory}; or use --weights int4") from None  # fmt: skip
+    if not kernels.loaded(kernels.library_of(directory)):
+        raise ModelLoadError(f"pardec's int4 kernels in {directory} do not load",
+                             hint="remove that folder and try again, or use --weights int4")  # fmt: skip
 
 
 def _avx2_kernels() -> bool:
