@@ -10,7 +10,7 @@ int8 or bfloat16 weights (`quant.Int8Records`, `quant.BF16Records`), and an atte
 - ``pardec_q4::q4bf16_mm``: bfloat16 activations, AVX512-BF16 dot products; torch's
   kernel's arithmetic, what int4 layers use in bfloat16;
 - ``pardec_q4::q4q8_mm``: int8 activations in groups of 32 (llama.cpp's Q8_1),
-  AVX512-VNNI; ``--weights q4q8`` only, being further from the full model;
+  AVX512-VNNI; ``--weights q4q8`` only there, being further from the full model;
 - ``pardec_q4::q8bf16_mm``: int8 weights by bfloat16 activations (AVX512-BF16), what
   ``--weights int8`` layers use in bfloat16;
 - ``pardec_q4::bf16_mm``: bfloat16 weights and activations, what dense layers use in
@@ -25,7 +25,9 @@ computed alone, what float32 layers use on a CPU whose torch runs AVX2 kernels (
 AVX512), where MKL's float32 products of a few rows read the weights at a third of the
 memory's rate (docs/runner.md, "float32 on AVX2"); and ``pardec_avx2::q4q8_mm``, the
 records of ``q4q8_mm`` above by int8 activation groups with AVX2's byte products, what
-``--weights q4q8`` uses there.
+``--weights q4q8`` (and auto, for GGUF 4-bit models in float32) uses there; and
+``pardec_avx2::attention``, each query row's attention over a float32 cache alone, what
+float32 models on this library attend with (``engine.attention``).
 
 Each library is compiled once per machine with torch's C++ extension builder into pardec's
 store. The first load that could use one starts a detached

@@ -9,6 +9,7 @@ CPU without AVX2 and FMA; the loading choices run everywhere.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -152,19 +153,16 @@ def test_use_avx2_puts_float32_layers_and_the_head_on_the_kernel_over_their_own_
     assert use_avx2(model) == 0
 
 
-def test_a_float32_model_on_the_kernels_gets_the_same_logits_in_every_compiled_step(avx2_dir: Path, tmp_path: Path) -> None:
-    """Compiled on the kernels, the one-token, verify and wide steps agree on a token's
-    logits (the products' rows are the same bits; inductor's float32 attention and norms
-    may round apart by an ulp), and every method's greedy tokens are plain decoding's."""
+def compiled_steps_agree_and_methods_are_exact(model: torch.nn.Module, step_dir: Path) -> Any:
+    """Compile `model`'s steps; a token's logits must be the same bits in its one-token
+    step and as a row of 2, 8 and 12-row verifying steps (the products, the head and the
+    attention op each compute a row alone), and pld's, suffix's and suffix+recycling's
+    greedy tokens must be plain decoding's. Returns the runner."""
     from pardec_cli.engine.cache import rollback_to
-    from pardec_cli.engine.runner import DECODE, VERIFY, VERIFY_WIDE, CompiledLanguageModel, step_fingerprint
+    from pardec_cli.engine.runner import CompiledLanguageModel
     from tests.test_runner import run_on
 
-    model = tiny_llama(5, vocab=96, layers=2, hidden=64)
-    plain_fingerprint = step_fingerprint(model)
-    use_avx2(model)
-    assert step_fingerprint(model) != plain_fingerprint  # saved steps of torch's products are not reused
-    runner = CompiledLanguageModel(model, step_dir=tmp_path)
+    runner = CompiledLanguageModel(model, step_dir=step_dir)
     prompt, tokens = random_prompt(5), random_prompt(6)[:12]
     with torch.inference_mode():
         cache = runner.new_cache(len(prompt) + 2 * len(tokens))
@@ -173,12 +171,25 @@ def test_a_float32_model_on_the_kernels_gets_the_same_logits_in_every_compiled_s
         for rows in (2, 8, 12):
             rollback_to(cache, len(prompt))
             together = runner.forward(tokens[:rows], cache, parents=tuple(range(-1, rows - 2)))
-            torch.testing.assert_close(together, alone[:rows], rtol=1e-5, atol=1e-6)
-    assert {kind for kind, state in runner.graph_states().items() if state.compile_seconds} == {DECODE, VERIFY, VERIFY_WIDE}
+            assert torch.equal(together, alone[:rows]), rows
     plain, _ = run_on(runner, "vanilla", {}, prompt, max_new_tokens=48)
     for method, options in (("pld", {}), ("suffix+recycling", {}), ("suffix", {"max_nodes": 24})):
         got, _ = run_on(runner, method, options, prompt, max_new_tokens=48)
         assert got == plain, method
+    return runner
+
+
+def test_a_float32_model_on_the_kernels_gets_the_same_logits_in_every_compiled_step(avx2_dir: Path, tmp_path: Path) -> None:
+    """Compiled on the kernels (with pardec's attention op), the one-token, verify and wide
+    steps give a token the same bits, and every method's greedy tokens are plain decoding's."""
+    from pardec_cli.engine.runner import DECODE, VERIFY, VERIFY_WIDE, step_fingerprint
+
+    model = tiny_llama(5, vocab=96, layers=2, hidden=64)
+    plain_fingerprint = step_fingerprint(model)
+    use_avx2(model)
+    assert step_fingerprint(model) != plain_fingerprint  # saved steps of torch's products are not reused
+    runner = compiled_steps_agree_and_methods_are_exact(model, tmp_path)
+    assert {kind for kind, state in runner.graph_states().items() if state.compile_seconds} == {DECODE, VERIFY, VERIFY_WIDE}
 
 
 # -------------------------------------------------------------- q4q8 on AVX2
@@ -234,30 +245,13 @@ def test_q4q8_s_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
 
 
 def test_q4q8_on_avx2_keeps_every_method_exact_in_compiled_steps(avx2_dir: Path, tmp_path: Path) -> None:
-    """Compiled, the one-token, verify and wide steps give a token the same logits with
-    activations rounded to int8, so every method's greedy tokens are plain decoding's."""
-    from pardec_cli.engine.cache import rollback_to
-    from pardec_cli.engine.runner import CompiledLanguageModel
-    from tests.test_runner import run_on
-
+    """With activations rounded to int8 an ulp anywhere would flip roundings: the steps
+    still give a token the same bits, and every method is exact."""
     model = tiny_llama(5, vocab=96, layers=2, hidden=64)
     quant.quantize_linears(model, "int4")
     assert quant.use_records(model, "float32") == 2 * 7 and quant.weights_label(model) == "q4q8"
     assert use_avx2(model) == 1 and quant.kernel_suffix(model) == "+pardec"  # the head: each row alone too
-    runner = CompiledLanguageModel(model, step_dir=tmp_path)
-    prompt, tokens = random_prompt(5), random_prompt(6)[:12]
-    with torch.inference_mode():
-        cache = runner.new_cache(len(prompt) + 2 * len(tokens))
-        runner.forward(prompt, cache, last_only=True)
-        alone = torch.stack([runner.forward([token], cache)[-1] for token in tokens])
-        for rows in (2, 8, 12):
-            rollback_to(cache, len(prompt))
-            together = runner.forward(tokens[:rows], cache, parents=tuple(range(-1, rows - 2)))
-            assert torch.equal(together, alone[:rows]), rows  # the same bits: int8 roundings cannot part
-    plain, _ = run_on(runner, "vanilla", {}, prompt, max_new_tokens=48)
-    for method, options in (("pld", {}), ("suffix+recycling", {}), ("suffix", {"max_nodes": 24})):
-        got, _ = run_on(runner, method, options, prompt, max_new_tokens=48)
-        assert got == plain, method
+    compiled_steps_agree_and_methods_are_exact(model, tmp_path)
 
 
 def test_q4q8_loads_on_the_avx2_library_where_avx512_vnni_is_missing(
