@@ -106,11 +106,16 @@ def cpu_supported(flags: frozenset[str] | set[str], activations: str) -> bool:
     return not capped or capped.startswith("avx512")
 
 
+def avx2_runs(flags: frozenset[str] | set[str]) -> bool:
+    """Whether a CPU with these flags runs the `AVX2` library (AVX2, FMA and F16C)."""
+    return all(flag in flags for flag in AVX2_FLAGS)
+
+
 def avx2_wanted(flags: frozenset[str] | set[str]) -> bool:
-    """Whether float32 layers go to the `AVX2` library on a CPU with these flags: it has
-    AVX2 and FMA, and torch's kernels run at AVX2 (the CPU lacks AVX512F, or
+    """Whether float32 layers go to the `AVX2` library on a CPU with these flags: it runs
+    it (`avx2_runs`), and torch's kernels run at AVX2 (the CPU lacks AVX512F, or
     ``ATEN_CPU_CAPABILITY`` caps them there). Measured only there (docs/runner.md)."""
-    if not all(flag in flags for flag in AVX2_FLAGS):
+    if not avx2_runs(flags):
         return False
     capped = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     return "avx512f" not in flags or capped == "avx2"

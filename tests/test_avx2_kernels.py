@@ -21,7 +21,7 @@ from tests.test_exactness import random_prompt
 from tests.test_quant import tiny_gguf  # noqa: F401 (a fixture)
 from tests.tiny_models import tiny_llama
 
-AVX2 = all(flag in cpu_info().flags for flag in kernels.AVX2_FLAGS)
+AVX2 = kernels.avx2_runs(cpu_info().flags)
 
 
 @pytest.fixture(scope="session")

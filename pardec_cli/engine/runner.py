@@ -150,10 +150,16 @@ def use_row_exact_attention(model: Any) -> bool:
     token's attention is the same bits in every eager step too; True where it did."""
     if next(model.parameters()).dtype != torch.float32 or runner_attention(model) != KERNEL_ATTENTION:
         return False
-    if model.config._attn_implementation != KERNEL_ATTENTION:
-        register_attention(KERNEL_ATTENTION)
-        model.set_attn_implementation(KERNEL_ATTENTION)
+    _set_attention(model, KERNEL_ATTENTION)
     return True
+
+
+def _set_attention(model: Any, attention: str) -> None:
+    """Run `model` with `attention` from now on (pardec's registered with transformers first)."""
+    if attention != model.config._attn_implementation:
+        if attention in (CPU_ATTENTION, KERNEL_ATTENTION):
+            register_attention(attention)
+        model.set_attn_implementation(attention)
 
 
 def step_fingerprint(model: Any) -> str:
@@ -308,10 +314,7 @@ class CompiledLanguageModel(LanguageModel):
         # kinds of step; dynamo's default of 8 entries per function would silently turn
         # the graphs of a second and third model in one process (tests, a drafter) eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        if (attention := runner_attention(model)) != self.config._attn_implementation:
-            if attention in (CPU_ATTENTION, KERNEL_ATTENTION):
-                register_attention(attention)
-            model.set_attn_implementation(attention)
+        _set_attention(model, runner_attention(model))
         self._on_notice = on_notice or (lambda message: None)
         # An injected compile_fn (tests) always compiles lazily, like torch.compile on CUDA.
         self._precompile = compile_fn is None and precompiles(self.device.type)

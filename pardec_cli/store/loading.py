@@ -299,7 +299,7 @@ def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | Non
     if not kernels.cpu_supported(flags, activations):
         if not q4q8:
             return None
-        if not all(flag in flags for flag in kernels.AVX2_FLAGS):
+        if not kernels.avx2_runs(flags):
             raise PardecUsageError("--weights q4q8 needs a CPU with AVX512-VNNI or AVX2 (and FMA, F16C)",
                                    hint="use --weights int4")  # fmt: skip
         _build_now(kernels.build_dir(kernels_dir(), kernels.AVX2), notice)
