@@ -315,7 +315,7 @@ def float32_attention_inputs(rows: int, heads: int, kv_heads: int, dim: int, wid
 
 
 @pytest.mark.parametrize("rows", [1, 3, 9, 33])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 16), (2, 1, 48)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 16), (2, 1, 48), (8, 2, 128)])
 def test_the_float32_attention_op_computes_softmax_attention(avx2_dir: Path, rows: int, heads: int, kv_heads: int, dim: int) -> None:
     from tests.test_int4_kernels import reference_attention
 
@@ -346,6 +346,26 @@ def test_a_float32_attention_row_is_the_same_bits_alone_beside_other_rows_and_in
     for slot, source in zip([*range(50), 50, 53, 57, 58], sources):
         tree_k[:, :, slot], tree_v[:, :, slot], tree_mask[..., slot] = cache_k[:, :, source], cache_v[:, :, source], 0
     assert torch.equal(torch.ops.pardec_avx2.attention(query[:, :, :1], tree_k, tree_v, tree_mask, 0.125), chain)
+
+
+def test_how_the_float32_attention_op_shares_out_its_rows_changes_no_bits(avx2_dir: Path) -> None:
+    """The op serves a KV head's rows in chunks sized by the thread count (they share the
+    key and value loads): a row's bits must not depend on the chunking."""
+    query, cache_k, cache_v, mask = float32_attention_inputs(16, 9, 3, 64, width=90)
+    key, value = cache_k[:, :, :90], cache_v[:, :, :90]
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(torch.ops.pardec_avx2.attention(query, key, value, mask, 0.125))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(results[0], other) for other in results[1:])
+    # Two sequences in a batch: each the same bits as alone.
+    pair = torch.ops.pardec_avx2.attention(torch.cat([query, query.flip(2)]), torch.cat([key, key]), torch.cat([value, value]),
+                                           torch.cat([mask, mask]), 0.125)  # fmt: skip
+    assert torch.equal(pair[:1], results[0])
 
 
 def test_bad_float32_attention_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:

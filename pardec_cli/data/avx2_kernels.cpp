@@ -296,37 +296,91 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), live);
 }
 
-// One query row of one head: out[D] = softmax_w(q . k[w] * scaling + mask[w]) . v[w] over
-// w < W. `scores`: room for W rounded up to 8 floats.
-void attend_row(const float* q, const float* k, const float* v, int64_t ldk, int64_t ldv, const float* mask, int64_t W,
-                int64_t D, float scaling, float* scores, float* out) {
-  const int64_t vecs = D / 8, padded = (W + 7) / 8 * 8;
-  __m256 qv[kMaxHeadDim / 8];
-  for (int64_t i = 0; i < vecs; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
-  float best = -INFINITY;
-  for (int64_t w = 0; w < W; ++w) {
-    const float* kw = k + w * ldk;
-    __m256 dot = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kw));
-    for (int64_t i = 1; i < vecs; ++i) dot = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kw + 8 * i), dot);
-    const float s = std::fma(lane_sum(dot), scaling, mask[w]);
-    scores[w] = s;
-    best = std::max(best, s);
+// Lane j of the result: the sum of v[j]'s 8 lanes, as ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)).
+inline __m256 lane_sums8(const __m256* v) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));  // [v0..v3 of l0-3 | of l4-7]
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// Keys of one block of scores: 8 at a time, each a chain of D/8 FMAs then `lane_sums8`
+// (8 independent chains: one key's chain alone was latency-bound).
+constexpr int64_t kKeys = 8;
+// Values summed per pass over a unit's queries: 16 rows of 64 floats stay in L1 for all.
+constexpr int64_t kValueChunk = 16;
+
+// Several query rows (`nq`: rows and heads) against one KV head: out[u][D] =
+// softmax_w(q[u] . k[w] * scaling + mask[u][w]) . v[w] over w < W. A block of keys and a
+// chunk of values are read from L2 once for all of the unit's queries (a query alone
+// streamed its head's keys and values from L2 for each of the heads sharing them: about
+// 25 cycles a key). Each (query, key) is still the same instructions whatever the other
+// queries, the unit's size and the window past the keys its mask lets through: its score a
+// chain of FMAs over D then `lane_sums8`, then fma(score, scaling, mask) (a block past W
+// repeats the last key and drops those lanes); the output summed over the seen keys in key
+// order. `scores`: room for nq * (W rounded up to 8); `acc`: nq * D floats.
+template <int64_t kVecs>  // D / 8, or 0: any D (the head size as a constant keeps sums in registers)
+void attend_unit(const float* const* qs, int64_t nq, const float* k, const float* v, int64_t ldk, int64_t ldv,
+                 const float* const* masks, int64_t W, int64_t D, float scaling, float* scores, float* acc,
+                 float* const* outs) {
+  const int64_t vecs = kVecs ? kVecs : D / 8, padded = (W + kKeys - 1) / kKeys * kKeys;
+  const __m256 scale = _mm256_set1_ps(scaling);
+  for (int64_t w0 = 0; w0 < W; w0 += kKeys) {
+    const float* kw[kKeys];
+    for (int64_t j = 0; j < kKeys; ++j) kw[j] = k + std::min(w0 + j, W - 1) * ldk;
+    for (int64_t u = 0; u < nq; ++u) {
+      const float* q = qs[u];
+      __m256 dot[kKeys];
+      const __m256 q0 = _mm256_loadu_ps(q);
+      for (int64_t j = 0; j < kKeys; ++j) dot[j] = _mm256_mul_ps(q0, _mm256_loadu_ps(kw[j]));
+      for (int64_t i = 1; i < vecs; ++i) {
+        const __m256 qi = _mm256_loadu_ps(q + 8 * i);
+        for (int64_t j = 0; j < kKeys; ++j) dot[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kw[j] + 8 * i), dot[j]);
+      }
+      __m256 m;
+      if (w0 + kKeys <= W) {
+        m = _mm256_loadu_ps(masks[u] + w0);
+      } else {  // the lanes past W weigh 0
+        alignas(32) float tail[kKeys];
+        for (int64_t j = 0; j < kKeys; ++j) tail[j] = w0 + j < W ? masks[u][w0 + j] : -INFINITY;
+        m = _mm256_load_ps(tail);
+      }
+      _mm256_storeu_ps(scores + u * padded + w0, _mm256_fmadd_ps(lane_sums8(dot), scale, m));
+    }
   }
-  for (int64_t w = W; w < padded; ++w) scores[w] = -INFINITY;  // the last block's lanes past W weigh 0
-  const __m256 top = _mm256_set1_ps(best);
-  for (int64_t w = 0; w < padded; w += 8) _mm256_storeu_ps(scores + w, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + w), top)));
-  __m256 o[kMaxHeadDim / 8];
-  for (int64_t i = 0; i < vecs; ++i) o[i] = _mm256_setzero_ps();
-  float total = 0.0f;
-  for (int64_t w = 0; w < W; ++w) {
-    if (scores[w] == 0.0f) continue;  // a masked key (or one too far below the best to count)
-    total += scores[w];
-    const __m256 p = _mm256_set1_ps(scores[w]);
-    const float* vw = v + w * ldv;
-    for (int64_t i = 0; i < vecs; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vw + 8 * i), o[i]);
+  std::vector<float> totals(nq, 0.0f);
+  for (int64_t u = 0; u < nq; ++u) {  // softmax numerators: exp(score - the row's best)
+    float* su = scores + u * padded;
+    __m256 top = _mm256_loadu_ps(su);
+    for (int64_t w = kKeys; w < padded; w += kKeys) top = _mm256_max_ps(top, _mm256_loadu_ps(su + w));
+    alignas(32) float tops[8];
+    _mm256_store_ps(tops, top);
+    const __m256 best = _mm256_set1_ps(*std::max_element(tops, tops + 8));
+    for (int64_t w = 0; w < padded; w += 8) _mm256_storeu_ps(su + w, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(su + w), best)));
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / total);
-  for (int64_t i = 0; i < vecs; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(o[i], inv));
+  std::fill(acc, acc + nq * D, 0.0f);
+  for (int64_t w0 = 0; w0 < W; w0 += kValueChunk) {
+    const int64_t w1 = std::min(w0 + kValueChunk, W);
+    for (int64_t u = 0; u < nq; ++u) {
+      const float* su = scores + u * padded;
+      float* au = acc + u * D;
+      __m256 o[kMaxHeadDim / 8];
+      for (int64_t i = 0; i < vecs; ++i) o[i] = _mm256_loadu_ps(au + 8 * i);
+      float total = totals[u];
+      for (int64_t w = w0; w < w1; ++w) {
+        if (su[w] == 0.0f) continue;  // a masked key (or one too far below the best to count)
+        total += su[w];
+        const __m256 p = _mm256_set1_ps(su[w]);
+        const float* vw = v + w * ldv;
+        for (int64_t i = 0; i < vecs; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vw + 8 * i), o[i]);
+      }
+      totals[u] = total;
+      for (int64_t i = 0; i < vecs; ++i) _mm256_storeu_ps(au + 8 * i, o[i]);
+    }
+  }
+  for (int64_t u = 0; u < nq; ++u) {
+    const __m256 inv = _mm256_set1_ps(1.0f / totals[u]);
+    for (int64_t i = 0; i < vecs; ++i) _mm256_storeu_ps(outs[u] + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(acc + u * D + 8 * i), inv));
+  }
 }
 
 // query [B, H, R, D], key and value [B, H_kv, W, D] (float32, each row contiguous), an
@@ -346,17 +400,30 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
   const at::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
   const at::Tensor mask = mask_in.stride(3) == 1 ? mask_in : mask_in.contiguous();
   at::Tensor out = at::empty({B, R, H, D}, q.options());
-  const int64_t groups = H / Hkv, mask_heads = mask.size(1);
+  const int64_t groups = H / Hkv, mask_heads = mask.size(1), per_kv = groups * R;
   const float scale = static_cast<float>(scaling);
-  at::parallel_for(0, B * H * R, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> scores((W + 7) / 8 * 8);
-    for (int64_t u = u0; u < u1; ++u) {  // u: (batch, head, row)
-      const int64_t r = u % R, h = u / R % H, b = u / (R * H), kvh = h / groups;
-      const float* qp = q.data_ptr<float>() + b * q.stride(0) + h * q.stride(1) + r * q.stride(2);
-      const float* kp = k.data_ptr<float>() + b * k.stride(0) + kvh * k.stride(1);
-      const float* vp = v.data_ptr<float>() + b * v.stride(0) + kvh * v.stride(1);
-      const float* mp = mask.data_ptr<float>() + b * mask.stride(0) + (mask_heads == 1 ? 0 : h) * mask.stride(1) + r * mask.stride(2);
-      attend_row(qp, kp, vp, k.stride(2), v.stride(2), mp, W, D, scale, scores.data(), out.data_ptr<float>() + ((b * R + r) * H + h) * D);
+  // Units: a KV head's queries (its heads' rows) in chunks, about 2 units per thread (a
+  // chunk only changes which queries share the loads, never a query's arithmetic).
+  const int64_t chunk = std::max<int64_t>(1, std::min(per_kv, B * Hkv * per_kv / (2 * at::get_num_threads())));
+  const int64_t chunks = (per_kv + chunk - 1) / chunk;
+  const auto attend = D == 64 ? attend_unit<8> : D == 128 ? attend_unit<16> : attend_unit<0>;
+  at::parallel_for(0, B * Hkv * chunks, 1, [&](int64_t c0, int64_t c1) {
+    const int64_t padded = (W + kKeys - 1) / kKeys * kKeys;
+    std::vector<float> scores(chunk * padded), acc(chunk * D);
+    std::vector<const float*> qs(chunk), masks(chunk);
+    std::vector<float*> outs(chunk);
+    for (int64_t c = c0; c < c1; ++c) {  // c: (batch, kv head, chunk of its queries)
+      const int64_t b = c / (Hkv * chunks), kvh = c / chunks % Hkv, first = c % chunks * chunk;
+      const int64_t nq = std::min(chunk, per_kv - first);
+      for (int64_t i = 0; i < nq; ++i) {  // query g * R + r of this KV head: head kvh * groups + g, row r
+        const int64_t h = kvh * groups + (first + i) / R, r = (first + i) % R;
+        qs[i] = q.data_ptr<float>() + b * q.stride(0) + h * q.stride(1) + r * q.stride(2);
+        masks[i] = mask.data_ptr<float>() + b * mask.stride(0) + (mask_heads == 1 ? 0 : h) * mask.stride(1) + r * mask.stride(2);
+        outs[i] = out.data_ptr<float>() + ((b * R + r) * H + h) * D;
+      }
+      attend(qs.data(), nq, k.data_ptr<float>() + b * k.stride(0) + kvh * k.stride(1),
+             v.data_ptr<float>() + b * v.stride(0) + kvh * v.stride(1), k.stride(2), v.stride(2), masks.data(), W, D,
+             scale, scores.data(), acc.data(), outs.data());
     }
   });
   return out;
