@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import shlex
 from pathlib import Path
@@ -64,6 +65,12 @@ def test_the_readme_commands_that_run_here_run_as_written(tiny_as_embedded: Path
                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("HOME", str(tmp_path))  # `completion --install` writes under it
     monkeypatch.setenv("SHELL", "/bin/bash")
+    # The tune commands run as written, with a user's config that keeps them short here:
+    # eager steps and 16 tokens a run (compiled tunes are tests/test_tune.py's; these two
+    # took 72 s and 125 s of the suite with the defaults).
+    config = Path(os.environ["PARDEC_CONFIG_DIR"]) / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('[tune]\ncompile = "off"\nmax_tokens = 16\n', encoding="utf-8")
     ran = []
     for command in readme_commands():
         if any(part in command for part in NOT_RUN):
