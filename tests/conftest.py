@@ -44,6 +44,11 @@ os.environ["PARDEC_LEARN"] = "0"
 # torch's int4 kernel only: no detached builds of pardec's own (`pardec_cli.kernels`) from
 # the many loads of a test run; test_int4_kernels.py builds and tests them.
 os.environ["PARDEC_KERNELS"] = "0"
+# The suite runs in as many worker processes as the machine has cores (pytest-xdist, `-n`
+# in pyproject.toml): one compute thread each, and each worker's `pardec` subprocesses,
+# so that the workers do not spin-wait for each other's cores (OpenMP barriers).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(autouse=True)
