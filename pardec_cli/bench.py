@@ -73,6 +73,7 @@ class Run:
     token_ids: list[int]
     chosen: str | None = None  # for `auto`: the method and knobs it chose for this prompt
     switches: int = 0  # times the drafting configuration changed while decoding (method adaptive)
+    round: int = 0  # which pass over the prompts (`Bench.run`'s rounds), from 0
 
 
 def builtin_prompts_text() -> str:
@@ -388,8 +389,10 @@ class Bench:
         self.runs: list[Run] = []
 
     def run(self, prompts: Sequence[BenchPrompt], progress: Callable[[int, int, BenchPrompt], None] | None = None,
-            starting: Callable[[str, BenchPrompt, bool], None] | None = None) -> list[Run]:
-        """Warm up, then run every method on every prompt, interleaved.
+            starting: Callable[[str, BenchPrompt, bool], None] | None = None, *, rounds: int = 1) -> list[Run]:
+        """Warm up, then run every method on every prompt, interleaved, `rounds` times
+        (each round's order rotated one more place: `median_runs` keeps each prompt's
+        typical run).
 
         `progress(done, total, prompt)` hears each finished timed run; `starting(label,
         prompt, warm_up)` each run about to start, warm-up runs included.
@@ -406,16 +409,20 @@ class Bench:
                 if starting:
                     starting(label, encoded[0][0], True)
                 self._run_one(label, encoded[0][0], encoded[0][1], max_new_tokens=WARM_UP_TOKENS)
-        total = len(encoded) * len(self.labels)
+        total = len(encoded) * len(self.labels) * rounds
         done = 0
-        for index, _, label in interleaved(self.labels, range(len(encoded))):
-            prompt, ids = encoded[index]
-            if starting:
-                starting(label, prompt, False)
-            self.runs.append(self._run_one(label, prompt, ids, self.max_new_tokens))
-            done += 1
-            if progress:
-                progress(done, total, prompt)
+        for round_ in range(rounds):
+            shift = round_ % max(len(self.labels), 1)
+            for index, _, label in interleaved(self.labels[shift:] + self.labels[:shift], range(len(encoded))):
+                prompt, ids = encoded[index]
+                if starting:
+                    starting(label, prompt, False)
+                run = self._run_one(label, prompt, ids, self.max_new_tokens)
+                run.round = round_
+                self.runs.append(run)
+                done += 1
+                if progress:
+                    progress(done, total, prompt)
         return self.runs
 
     def describe_baselines(self) -> list[str]:
@@ -505,6 +512,16 @@ def spread(values: Sequence[float]) -> dict[str, float] | None:
         return None
     return {"median": round(percentile(values, 50), 3), "p10": round(percentile(values, 10), 3),
             "p90": round(percentile(values, 90), 3)}  # fmt: skip
+
+
+def median_runs(runs: Sequence[Run]) -> list[Run]:
+    """One run per method and prompt: of several rounds, the one of median time (the lower
+    middle one of an even number), so that a hiccup of a shared machine in one round
+    does not decide a prompt's ratio. Order of first appearance."""
+    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for r in runs:
+        groups[(r.label, r.prompt_id)].append(r)
+    return [sorted(group, key=lambda r: r.seconds)[(len(group) - 1) // 2] for group in groups.values()]
 
 
 def _per_prompt_rates(runs: Sequence[Run]) -> dict[str, float]:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pardec_cli.bench import (
-    HF_GREEDY, OVERALL, BenchPrompt, Run, format_tables, limit_per_category, load_prompts, parse_methods, summarize,
+    HF_GREEDY, OVERALL, BenchPrompt, Run, format_tables, limit_per_category, load_prompts, median_runs, parse_methods,
+    summarize,
 )
 from pardec_cli.errors import PardecUsageError
 from tests.cli_helpers import invoke
@@ -114,6 +115,36 @@ def test_summary_ratios_steps_acceptance_and_match():
     assert text.index("== a (") < text.index("== overall (")
 
 
+def test_of_several_rounds_each_method_and_prompt_keeps_its_median_run():
+    runs = [
+        run("vanilla", "1", "a", 11, 1.0, 10), run("vanilla", "1", "a", 11, 3.0, 10), run("vanilla", "1", "a", 11, 1.2, 10),
+        run("pld", "1", "a", 11, 0.9, 4), run("pld", "1", "a", 11, 0.5, 4),  # even: the lower middle one
+        run("vanilla", "2", "b", 11, 2.0, 10),
+    ]
+    typical = median_runs(runs)
+    assert [(r.label, r.prompt_id, r.seconds) for r in typical] == [("vanilla", "1", 1.2), ("pld", "1", 0.5), ("vanilla", "2", 2.0)]
+    # The 3-second hiccup of one round does not decide the ratio.
+    assert summarize(typical, ["vanilla", "pld"])["a"]["pld"].speedup_vs_vanilla == pytest.approx(1.2 / 0.5)
+
+
+def test_rounds_run_every_method_on_every_prompt_again_in_another_order(tiny_cli_model: Path) -> None:
+    from pardec_cli.bench import Bench, MethodChoice
+    from pardec_cli.session import Session
+
+    session = Session.load(str(tiny_cli_model), dtype="float32", device="cpu", compile="off", offline=True)
+    prompts = [BenchPrompt("1", "a", "Say one two three."), BenchPrompt("2", "b", "Count to five.")]
+    seen: list[tuple[str, str]] = []
+    with Bench(session, [MethodChoice("vanilla", "vanilla"), MethodChoice("pld", "pld")], max_new_tokens=4) as bench:
+        runs = bench.run(prompts, starting=lambda label, prompt, warm_up: warm_up or seen.append((label, prompt.prompt_id)),
+                         rounds=3)
+    assert len(runs) == 3 * 2 * 2
+    assert sorted({(r.label, r.prompt_id, r.round) for r in runs}) == sorted(
+        (label, pid, k) for label in ("vanilla", "pld") for pid in ("1", "2") for k in range(3))
+    assert seen[:2] == [("vanilla", "1"), ("pld", "1")] and seen[4:6] == [("pld", "1"), ("vanilla", "1")]
+    assert all(r.token_ids == runs[0].token_ids for r in runs if r.prompt_id == "1")
+    assert len(median_runs(runs)) == 4
+
+
 # -- a real run ---------------------------------------------------------------------
 
 
@@ -126,7 +157,7 @@ def test_bench_command_on_the_embedded_model(tmp_path, embedded_pardec_home, mon
     ])
     out = tmp_path / "bench.json"
     result = invoke(["bench", "--prompts", str(prompts), "--methods", "vanilla,pld[num_draft=4]", "-n", "8",
-                     "--dtype", "float32", "--baseline-hf", "--json", str(out),
+                     "--dtype", "float32", "--baseline-hf", "--json", str(out), "--rounds", "2",
                      "--compile", "off"])  # the compiled runner has its own tests; compiling here took minutes
     assert result.exit_code == 0, result.stderr
     assert "== overall (2 prompts) ==" in result.stdout
@@ -136,8 +167,10 @@ def test_bench_command_on_the_embedded_model(tmp_path, embedded_pardec_home, mon
     # float32: every method, HF's included, produces exactly vanilla's tokens.
     assert {label: cell["match_rate"] for label, cell in overall.items()} == {
         "vanilla": 1.0, "pld[num_draft=4]": 1.0, "hf": 1.0, "hf-pld": 1.0}
-    assert len(document["runs"]) == 2 * 4
-    assert "pardec bench: 2 prompts x 4 methods" in result.stderr
+    assert len(document["runs"]) == 2 * 4 * 2 and document["config"]["rounds"] == 2  # every run of both rounds
+    assert {r["round"] for r in document["runs"]} == {0, 1}
+    assert overall["vanilla"]["prompts"] == 2  # the summary: one (median) run per prompt
+    assert "pardec bench: 2 prompts x 4 methods" in result.stderr and "2 rounds" in result.stderr
 
 
 def test_bench_rejects_a_bad_method_before_loading_anything(tmp_path):

@@ -24,6 +24,10 @@ from pardec_cli.errors import PardecUsageError
               "auto chooses per prompt, as `pardec gen` does.")
 @click.option("--limit-per-category", type=click.IntRange(min=1), default=None, help="Use the first N prompts of each category.")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens per prompt.")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Run every method on every prompt N times (interleaved, each round in another order) and keep, per "
+              "method and prompt, the run of median time: steadier ratios on a shared, noisy machine, for N times "
+              "the wait (the JSON keeps every run). vLLM's rows run once.")
 @click.option("--baseline", "baseline_text", default=None, metavar="LIST",
               help="Peers to measure against, comma-separated: hf = Hugging Face generate() greedy on the same model "
               "and dtype with dense weights, as stock transformers runs it (a second copy is loaded when pardec runs "
@@ -45,7 +49,7 @@ from pardec_cli.errors import PardecUsageError
 @profile_option
 @model_options
 @compile_option
-def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int | None, max_tokens: int,
+def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int | None, max_tokens: int, rounds: int,
           baseline_text: str | None, baseline_hf: bool, json_out: Path | None, engines: str, tensor_parallel: int | None,
           pipeline_parallel: int | None, plot: bool, quiet: bool, profile: str, model: str | None, dtype: str, weights: str,
           device: str, offline: bool | None, compile: str) -> None:
@@ -79,12 +83,14 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
           --methods 'vanilla,pld,layerskip[layer_list=0-9,20-29]' --baseline-hf --dtype bfloat16
       pardec bench --prompts humaneval.jsonl --limit-per-category 1 -n 64 \\
           --methods auto,vanilla --baseline hf,llamacpp
+      pardec bench --prompts question.jsonl --limit-per-category 3 --rounds 3 \\
+          --methods 'auto,vanilla,pld[num_draft=2]'     steadier per-category ratios
       pardec bench --prompts question.jsonl --limit-per-category 2 \\
           --methods vanilla,pld --engine pardec,vllm
     """
     from pardec_cli.bench import (
         BUILTIN_PROMPTS, Bench, MethodChoice, format_auto_choices, format_tables, limit_per_category as limit, load_prompts,
-        make_baselines, parse_baselines, parse_methods, report_json, summarize,
+        make_baselines, median_runs, parse_baselines, parse_methods, report_json, summarize,
     )
     from pardec_cli.planning import load_profiles_checked
     from pardec_cli.progress import ProgressDisplay, progress_wanted
@@ -143,7 +149,7 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
         if not live:
             return
         what = f"warm-up: {label}" if warm_up else f"{prompt.category} {prompt.prompt_id}: {label}"
-        total = None if warm_up else len(prompts) * per_method
+        total = None if warm_up else len(prompts) * per_method * rounds
         if not bar:
             bar.append(display.task(what, total))
         bar[0].update(description=what, total=total)
@@ -166,10 +172,11 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
                 display.print(
                     f"pardec bench: {len(prompts)} prompts x {len(runner.labels)} methods ({', '.join(runner.labels)}), "
                     f"{session.model_name} {where}, {max_tokens} new tokens"
+                    + (f", {rounds} rounds (the median run of each)" if rounds > 1 else "")
                 )
             if live:
                 bar.append(display.task("warming up (compiling, caches)", None))
-            runs += runner.run(prompts, progress, starting)
+            runs += runner.run(prompts, progress, starting, rounds=rounds)
             baseline_lines, baseline_settings = runner.describe_baselines(), runner.baseline_settings()
     if use_vllm:
         from pardec_cli.store.resolve import resolve_model
@@ -190,14 +197,15 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
         labels += [prefix + c.label for c in vchoices]
     if tty:
         click.echo("\r\033[K", err=True, nl=False)
-    table = summarize(runs, labels)
+    typical = median_runs(runs)  # one run per method and prompt (of several --rounds)
+    table = summarize(typical, labels)
     click.echo(format_tables(table), err=to_stderr)
     if plot:
         from pardec_cli.plots import bench_figure
 
         out = sys.stderr if to_stderr else sys.stdout
         width = min(shutil.get_terminal_size().columns, 120)
-        click.echo(bench_figure(runs, labels, width=width, color=out.isatty()), err=to_stderr)
+        click.echo(bench_figure(typical, labels, width=width, color=out.isatty()), err=to_stderr)
     auto_choices = format_auto_choices(runs)
     if auto_choices:
         click.echo(auto_choices, err=to_stderr)
@@ -206,6 +214,7 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
     if json_out is not None:
         config = {
             "prompts": prompts_name, "limit_per_category": limit_per_category, "max_new_tokens": max_tokens,
+            "rounds": rounds,
             "model": model_name, "dtype": dtype if not use_pardec else session.dtype,
             "weights": session.weights if use_pardec else None,
             "device": where if use_pardec else "vllm", "methods": labels, "profile": profile, "engine": engines,
