@@ -354,3 +354,21 @@ def test_the_prompts_a_quick_tune_decides_on_first_mix_the_sets_kinds() -> None:
     assert any("```" in p.text for p in first) and any("```" not in p.text for p in first)
     assert [p.prompt_id for p in mixed(code)] == [p.prompt_id for p in mixed(builtin_prompts("code"))]  # resumable
     assert sorted(p.prompt_id for p in mixed(code)) == sorted(p.prompt_id for p in code)
+
+
+def test_a_candidate_is_measured_on_a_proposer_that_did_not_see_its_warm_up(tiny_cli_model: Path) -> None:
+    """Each candidate's first generation is an untimed warm-up on the same prompt. Suffix
+    drafting remembers replies: measured on the warmed proposer, it would copy the
+    warm-up's start of the reply. It is measured as a proposer that has seen nothing."""
+    from pardec_cli.session import Session
+    from pardec_cli.tuning.evaluate import SessionEvaluator
+    from pardec_cli.tuning.prompts import TunePrompt
+
+    session = Session.load(str(tiny_cli_model), dtype="float32", device="cpu", compile="off", offline=True)
+    candidate = normalize("suffix", {})
+    evaluator = SessionEvaluator(session, [TunePrompt("p", "Say one two three.")], [candidate], max_new_tokens=24)
+    measured = evaluator.measure(candidate.label, "p")
+    stream = session.stream(evaluator.encode("p"), max_new_tokens=24, proposer=session.build_proposer("suffix"), record=False)
+    for _ in stream:
+        pass
+    assert (measured.steps, measured.tokens) == (stream.stats.steps, len(stream.token_ids))

@@ -41,12 +41,14 @@ class SessionEvaluator:
 
     def proposer(self, label: str) -> Any:
         if label not in self._proposers:
-            if label == VANILLA:
-                self._proposers[label] = self.session.build_proposer("vanilla")
-            else:
-                candidate = self.candidates[label]
-                self._proposers[label] = self.session.build_proposer(candidate.method, candidate.knob_dict)
+            self._proposers[label] = self._build(label)
         return self._proposers[label]
+
+    def _build(self, label: str) -> Any:
+        if label == VANILLA:
+            return self.session.build_proposer("vanilla")
+        candidate = self.candidates[label]
+        return self.session.build_proposer(candidate.method, candidate.knob_dict)
 
     def _generate(self, label: str, prompt_id: str) -> tuple[list[int], float, Any]:
         ids = self.encode(prompt_id)
@@ -57,6 +59,9 @@ class SessionEvaluator:
             for _ in self.session.stream(ids, max_new_tokens=WARM_UP_TOKENS, proposer=proposer, record=False):
                 pass
             self._warm.add(label)
+            # ... on a proposer of its own: methods remember replies (suffix drafting's
+            # history), and this one would copy the warm-up's start of the same prompt.
+            proposer = self._proposers[label] = self._build(label)
         start = perf_counter()
         # record=False: tune keeps its own runs; they are not use (`selection.learned`).
         stream = self.session.stream(ids, max_new_tokens=self.max_new_tokens, proposer=proposer, record=False)
