@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pardec_cli.bench import (
-    HF_GREEDY, OVERALL, BenchPrompt, Run, format_tables, limit_per_category, load_prompts, median_runs, parse_methods,
-    summarize,
+    HF_GREEDY, OVERALL, BenchPrompt, Run, format_auto_choices, format_tables, limit_per_category, load_prompts,
+    median_runs, parse_methods, summarize,
 )
 from pardec_cli.errors import PardecUsageError
 from tests.cli_helpers import invoke
@@ -125,6 +125,9 @@ def test_of_several_rounds_each_method_and_prompt_keeps_its_median_run():
     assert [(r.label, r.prompt_id, r.seconds) for r in typical] == [("vanilla", "1", 1.2), ("pld", "1", 0.5), ("vanilla", "2", 2.0)]
     # The 3-second hiccup of one round does not decide the ratio.
     assert summarize(typical, ["vanilla", "pld"])["a"]["pld"].speedup_vs_vanilla == pytest.approx(1.2 / 0.5)
+    # What auto chose is counted per prompt, not per round.
+    chose = [Run("auto", "1", "a", 11, seconds, 5, 0, 0, [], chosen="pld[num_draft=2]") for seconds in (1.0, 0.9, 1.1)]
+    assert "a: pld[num_draft=2] x1" in format_auto_choices(median_runs(chose))
 
 
 def test_rounds_run_every_method_on_every_prompt_again_in_another_order(tiny_cli_model: Path) -> None:

@@ -206,7 +206,7 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
         out = sys.stderr if to_stderr else sys.stdout
         width = min(shutil.get_terminal_size().columns, 120)
         click.echo(bench_figure(typical, labels, width=width, color=out.isatty()), err=to_stderr)
-    auto_choices = format_auto_choices(runs)
+    auto_choices = format_auto_choices(typical)  # per prompt, not per round
     if auto_choices:
         click.echo(auto_choices, err=to_stderr)
     for line in baseline_lines:
