@@ -418,7 +418,7 @@ class Bench:
             # table): a round would copy the warm-up's or an earlier round's outputs of the
             # same prompts (suffix: 10.9 tokens a step in a second round, 1.45 in the first).
             self.proposers, self._auto_choices = self._new_proposers(), {}
-            shift = round_ % max(len(self.labels), 1)
+            shift = round_ % len(self.labels)  # never empty: vanilla is always a label
             for index, _, label in interleaved(self.labels[shift:] + self.labels[:shift], range(len(encoded))):
                 prompt, ids = encoded[index]
                 if starting:
