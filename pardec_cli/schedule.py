@@ -10,7 +10,9 @@ from typing import TypeVar
 P = TypeVar("P")
 
 # Every configuration first decodes this many tokens once, unmeasured: allocator, kernel
-# and cache warm-up (and the compiled runner's graphs) stay out of every timed run.
+# and cache warm-up (and the compiled runner's graphs) stay out of every timed run. The
+# warm-up's proposer is then dropped and timed runs use a new one: methods remember
+# replies (suffix drafting's history), and would copy the warm-up's start of the prompt.
 WARM_UP_TOKENS = 8
 
 
