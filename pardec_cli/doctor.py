@@ -142,6 +142,18 @@ def find_model(spec: str | None) -> tuple[str, Path | None, str | None]:
     return name, local_path(name), repo
 
 
+def _llama_config(path: Path) -> bool:
+    """Whether the model in `path` says it is a Llama decoder with SiLU (config.json's
+    architectures and hidden_act): what the native step computes (`engine.native`)."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return config.get("architectures") == ["LlamaForCausalLM"] and config.get("hidden_act") in ("silu", "swish")
+
+
 def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> dict[str, Any]:
     """For one model: its size, accelerators, tuned results, and auto's pick per profile."""
     from pardec_cli.selection.costmodel import ModelShape
@@ -175,7 +187,8 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
         "curve": tuned.curve.to_dict() if tuned.curve else None,
     }
     report["notes"] = list(notes)
-    # What `pardec gen --weights WEIGHTS` of a short reply runs: eager steps.
+    # What `pardec gen --weights WEIGHTS` of a short reply runs: eager steps, or the native
+    # step where the model is one it takes (`engine.native`; known for sure once loaded).
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
@@ -184,7 +197,7 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
             and kernels_now["avx2_status"] == "built")  # fmt: skip
     held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device,
                            stored="q4" if is_quantized_dir(path) else None, avx2=avx2)  # fmt: skip
-    step = step_kind(hardware.dtype, held, compiled=False)
+    step = step_kind(hardware.dtype, held, "native" if held == "q4q8" and avx2 and _llama_config(path) else "eager")
     usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (
         "off (learn = false in config.toml, or PARDEC_LEARN=0)" if usage is None else
@@ -375,7 +388,7 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
     floor = bandwidth_floor_ms(read, bandwidth)
     forward, context = one_token_forward_ms(session)
     copy_floor = bandwidth_floor_ms(read, copy)
-    report.update(dtype=session.dtype, weights=session.held_weights, compiled=session.compiled, weight_bytes=read, floor_ms=round(floor, 3), forward_ms=round(forward, 3),
+    report.update(dtype=session.dtype, weights=session.held_weights, compiled=session.compiled, runner=session.runner, weight_bytes=read, floor_ms=round(floor, 3), forward_ms=round(forward, 3),
                   context_tokens=context, multiple=round(floor_multiple(forward, floor), 2),
                   copy_floor_ms=round(copy_floor, 3), copy_multiple=round(floor_multiple(forward, copy_floor), 2))
     return report

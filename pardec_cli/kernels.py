@@ -28,6 +28,9 @@ records of ``q4q8_mm`` above by int8 activation groups with AVX2's byte products
 ``--weights q4q8`` (and auto, for GGUF 4-bit models in float32) uses there; and
 ``pardec_avx2::attention``, each query row's attention over a float32 cache alone, what
 float32 models on this library attend with (``engine.attention``).
+It also holds ``pardec_avx2::llama_step``, a Llama decoder's whole step on those ops in one
+call (``engine.native``): what the runner runs instead of its compiled graphs where a model
+is exactly that (q4q8 layers in float32).
 
 Each library is compiled once per machine with torch's C++ extension builder into pardec's
 store. The first load that could use one starts a detached

@@ -213,6 +213,7 @@ class Session:
         one-line messages (compiling, falling back to eager).
         """
         from pardec_cli.engine.compile_policy import compile_pays
+        from pardec_cli.engine.native import native_reason
         from pardec_cli.engine.runner import GRAPH_KINDS, CompiledLanguageModel, step_file
         from pardec_cli.hardware import resolve_device, resolve_dtype
         from pardec_cli.store.loading import load_model
@@ -227,8 +228,10 @@ class Session:
         # auto: compile for long-lived sessions and long work; for shorter work only when an
         # earlier run saved the steps, and then without compiling any that are missing.
         saved = all(step_file(compiled_steps_dir(), model, kind).is_file() for kind in GRAPH_KINDS)
+        # A model the native step takes (`engine.native`) has nothing to compile: auto takes it.
         compiled = compile == "on" or (
-            compile == "auto" and CompiledLanguageModel.supports(model) and compile_pays(expected_tokens, device, saved=saved)
+            compile == "auto" and CompiledLanguageModel.supports(model)
+            and (native_reason(model) is None or compile_pays(expected_tokens, device, saved=saved))
         )
         compile_missing = compile == "on" or compile_pays(expected_tokens, device)
         if compiled:
@@ -255,6 +258,14 @@ class Session:
         return isinstance(self.target, CompiledLanguageModel)
 
     @property
+    def runner(self) -> str:
+        """What runs a decoding step: "native" (one call of pardec's AVX2 library per step,
+        `engine.native`), "compiled" (the compiled runner's graphs) or "eager"."""
+        if not self.compiled:
+            return "eager"
+        return "native" if getattr(self.target, "native", None) is not None else "compiled"
+
+    @property
     def held_weights(self) -> str:
         """How the weights are held and multiplied: `weights`, with "+pardec" where layers
         run pardec's own bfloat16 kernels ("int4+pardec", `quant.kernel_suffix`)."""
@@ -269,7 +280,7 @@ class Session:
         (pardec's own kernels)."""
         from pardec_cli.selection.learned import step_kind
 
-        return step_kind(self.dtype, self.held_weights, self.compiled)
+        return step_kind(self.dtype, self.held_weights, self.runner)
 
     def heads_key(self) -> str:
         """The folder name of this model's trained heads in pardec's store."""

@@ -153,16 +153,17 @@ def test_use_avx2_puts_float32_layers_and_the_head_on_the_kernel_over_their_own_
     assert use_avx2(model) == 0
 
 
-def compiled_steps_agree_and_methods_are_exact(model: torch.nn.Module, step_dir: Path) -> Any:
-    """Compile `model`'s steps; a token's logits must be the same bits in its one-token
-    step and as a row of 2, 8 and 12-row verifying steps (the products, the head and the
-    attention op each compute a row alone), and pld's, suffix's and suffix+recycling's
-    greedy tokens must be plain decoding's. Returns the runner."""
+def compiled_steps_agree_and_methods_are_exact(model: torch.nn.Module, step_dir: Path, *, native: bool = False) -> Any:
+    """Compile `model`'s steps (or with `native`, run them as `engine.native`'s one call);
+    a token's logits must be the same bits in its one-token step and as a row of 2, 8 and
+    12-row verifying steps (the products, the head and the attention op each compute a row
+    alone), and pld's, suffix's and suffix+recycling's greedy tokens must be plain
+    decoding's. Returns the runner."""
     from pardec_cli.engine.cache import rollback_to
     from pardec_cli.engine.runner import CompiledLanguageModel
     from tests.test_runner import run_on
 
-    runner = CompiledLanguageModel(model, step_dir=step_dir)
+    runner = CompiledLanguageModel(model, step_dir=step_dir, native=native)
     prompt, tokens = random_prompt(5), random_prompt(6)[:12]
     with torch.inference_mode():
         cache = runner.new_cache(len(prompt) + 2 * len(tokens))
@@ -254,6 +255,116 @@ def test_q4q8_on_avx2_keeps_every_method_exact_in_compiled_steps(avx2_dir: Path,
     compiled_steps_agree_and_methods_are_exact(model, tmp_path)
 
 
+def native_llama(seed: int = 5, head: str = "int8") -> torch.nn.Module:
+    """A tiny Llama on q4q8 records as a GGUF 4-bit load leaves it (`store.loading`): q/k/v
+    and gate/up each sharing one product, the head on the AVX2 int8 kernel (`head` "float32":
+    its float32 rows on the AVX2 library)."""
+    model = tiny_llama(seed, vocab=96, layers=2, hidden=64)
+    quant.quantize_linears(model, "int4")
+    quant.use_records(model, "float32")
+    if head == "int8":
+        quant.quantize_head(model, avx2=True)
+    else:
+        use_avx2(model)
+    assert quant.share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False)) == 2 * 2
+    return model
+
+
+def test_the_native_step_runs_a_q4q8_llama_without_compiling_and_keeps_every_method_exact(avx2_dir: Path, tmp_path: Path) -> None:
+    """One call per step (`engine.native`): the same bits for a token in every step, every
+    method's greedy tokens plain decoding's, and no graph compiled or saved."""
+    from pardec_cli.engine.native import native_reason
+
+    model = native_llama()
+    assert native_reason(model) is None
+    runner = compiled_steps_agree_and_methods_are_exact(model, tmp_path, native=True)
+    assert runner.native is not None and runner.graph_states() == {} and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("head", ["int8", "float32"])
+def test_the_native_step_computes_what_the_eager_step_does(avx2_dir: Path, head: str) -> None:
+    """Logits and the hidden states Medusa and EAGLE read, against transformers' eager step
+    over the same static cache (the same weights and kernels; the norms, RoPE and SiLU in
+    another order of float operations, so not the same bits)."""
+    from pardec_cli.engine.runner import CompiledLanguageModel
+
+    model = native_llama(head=head)
+    native = CompiledLanguageModel(model, compile_missing=False)
+    eager = CompiledLanguageModel(model, compile_missing=False, native=False)  # no saved graphs: eager steps
+    assert native.native is not None and eager.native is None
+    prompt, tokens = random_prompt(5), random_prompt(6)[:9]
+    with torch.inference_mode():
+        got, want = [], []
+        for runner, out in ((native, got), (eager, want)):
+            cache = runner.new_cache(64)
+            runner.forward(prompt, cache, last_only=True)
+            out.append(runner.forward_features(tokens[:1], cache, [0, 1, -1]))
+            out.append(runner.forward_features(tokens[1:], cache, [0, 1, -1], parents=(-1, -1, 0, 1, 1, 2, 3)))  # a tree
+    for (logits, features), (logits_want, features_want) in zip(got, want):
+        assert logits.shape == logits_want.shape and features.shape == features_want.shape == (logits.shape[0], 3 * 64)
+        assert (logits - logits_want).norm() < 0.02 * logits_want.norm()
+        assert (features - features_want).norm() < 0.02 * features_want.norm()
+        assert torch.equal(features[:, :64], features_want[:, :64])  # the embeddings: copied rows
+
+
+def test_what_the_native_step_does_not_take_keeps_the_graphs(avx2_dir: Path) -> None:
+    """Products not shared per input, another dtype, torch's products: `native_reason` says why."""
+    from pardec_cli.engine.native import native_reason
+
+    model = tiny_llama(5, vocab=96, layers=2, hidden=64)
+    assert native_reason(model) == "its output head is not on the AVX2 library"
+    quant.quantize_linears(model, "int4")
+    quant.use_records(model, "float32")
+    use_avx2(model)
+    assert native_reason(model) == "its products are not q4q8 records shared per input"
+    assert native_reason(native_llama().to(torch.bfloat16)) == "not float32 on a CPU"
+
+
+def test_the_native_step_s_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
+    from pardec_cli.engine.native import NativeStep
+    from pardec_cli.engine.runner import step_mask
+    from pardec_cli.engine.static_cache import StaticKVCache
+
+    model = native_llama()
+    step = NativeStep(model)
+    buffers = StaticKVCache(model.config, 64, dtype=torch.float32, device=torch.device("cpu")).buffers()
+    mask, positions = step_mask(0, 2, 64, None, dtype=torch.float32, device=torch.device("cpu"))
+    ids = torch.tensor([[5, 7]])
+    logits, states = step(ids, positions, mask, 0, buffers, True)
+    assert logits.shape == (1, 2, 96) and states is not None and len(states) == 3
+    for bad in (
+        lambda: step(torch.tensor([[5, 96]]), positions, mask, 0, buffers, False),  # outside the vocabulary
+        lambda: step(ids, positions, mask, 63, buffers, False),  # rows past the window
+        lambda: step(ids, positions, mask[:, :, :1], 0, buffers, False),  # a mask of another row count
+        lambda: step(ids, positions, mask, 0, [(k[:, :1].contiguous(), v) for k, v in buffers], False),  # other heads
+        lambda: step(ids, positions, mask, 0, buffers[:1], False),  # a layer's cache missing
+    ):
+        with pytest.raises(RuntimeError, match="llama_step"):
+            bad()
+
+
+def test_a_native_step_that_fails_gives_way_to_the_graphs_with_a_notice(avx2_dir: Path) -> None:
+    from pardec_cli.engine.runner import CompiledLanguageModel
+
+    notices: list[str] = []
+    runner = CompiledLanguageModel(native_llama(), compile_missing=False, on_notice=notices.append)
+    eager = CompiledLanguageModel(native_llama(), compile_missing=False, native=False)
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("llama_step: something new")
+
+    runner.native = broken  # type: ignore[assignment]
+    prompt = random_prompt(5)
+    with torch.inference_mode():
+        outs = []
+        for lm in (runner, eager):
+            cache = lm.new_cache(32)
+            lm.forward(prompt, cache, last_only=True)
+            outs.append(lm.forward([3, 4], cache))
+    assert torch.equal(outs[0], outs[1]) and runner.native is None
+    assert notices[0] == "the native step failed (RuntimeError: llama_step: something new); compiling the steps instead"
+
+
 def test_q4q8_loads_on_the_avx2_library_where_avx512_vnni_is_missing(
     avx2_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
@@ -276,6 +387,9 @@ def test_q4q8_loads_on_the_avx2_library_where_avx512_vnni_is_missing(
     layer = model.model.layers[0].mlp.down_proj
     assert isinstance(layer, quant.Int4Records) and layer.activations == "float32"
     assert quant.weights_label(model) == "q4q8" and isinstance(model.get_output_embeddings(), quant.Int8F32Head)
+    from pardec_cli.engine.native import native_reason
+
+    assert native_reason(model) is None  # a GGUF's 4-bit Llama is what the native step takes
     full, _ = load_model(path, dtype="float32", device="cpu", weights="full")
     assert torch.equal(layer.dequantize(), full.model.layers[0].mlp.down_proj.weight)  # the GGUF's weights exactly
     ids = torch.tensor([random_prompt(7, 10)])

@@ -430,10 +430,14 @@ def compiled_runner(step_dir):
 def test_compiled_steps_give_the_tokens_of_plain_decoding(compiled_runner, method, options):
     tokens, events = run_on(compiled_runner, method, options, random_prompt(0), max_new_tokens=40)
     assert tokens == list(_reference(0, True, 40))
+    # The module's runner is shared, and the tests may run in any order (one worker each):
+    # every graph used so far compiled, and this method's kind of step among them.
     states = compiled_runner.graph_states()
-    assert states["decode"].failed is None and states["decode"].compile_seconds is not None
-    if method != "vanilla":
-        assert states["verify"].failed is None and states["verify"].compile_seconds is not None
+    assert states and all(state.failed is None and state.compile_seconds is not None for state in states.values())
+    if method == "vanilla":
+        assert "decode" in states
+    else:
+        assert {"verify", "verify-wide"} & states.keys()
         assert sum(e.drafted for e in events) > 0
 
 

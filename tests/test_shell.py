@@ -21,7 +21,7 @@ from pardec_cli.session import Session, TextStream
 from tests.cli_helpers import invoke
 from tests.conftest import TINY_CONTEXT
 
-RESULT_FIELDS = {"text", "model", "method", "knobs", "profile", "dtype", "weights", "device", "compiled", "finish_reason",
+RESULT_FIELDS = {"text", "model", "method", "knobs", "profile", "dtype", "weights", "device", "compiled", "runner", "finish_reason",
                  "stats"}
 STEP_FIELDS = {"type", "step", "text", "tokens", "drafted", "accepted", "propose_s", "verify_s", "elapsed_s"}
 def gen(model: Path, *args: str, input: str | None = None):

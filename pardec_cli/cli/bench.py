@@ -166,7 +166,7 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
         with Bench(session, choices, max_new_tokens=max_tokens, baselines=baselines, profile=profile,
                    drafters=drafters) as runner, display:
             labels, per_method = list(runner.labels), len(runner.labels)
-            step = "compiled" if session.compiled else "eager"
+            step = session.runner
             model_name, where = session.model_name, f"{session.dtype} ({session.weights} weights) on {session.device} ({step} step)"
             if not quiet:
                 display.print(

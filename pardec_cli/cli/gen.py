@@ -332,6 +332,7 @@ def result_record(session: Any, stream: Any, profile: str | None = None) -> dict
         "weights": session.weights,
         "device": session.device,
         "compiled": session.compiled,
+        "runner": session.runner,
         "finish_reason": stream.finish_reason,
         "stats": stream.stats.to_dict(),
     }

@@ -77,7 +77,7 @@ def weights_text(session: Any) -> str:
 
 def print_stats(session: Any, stream: Any, *, title: str | None = None) -> None:
     """The `--stats` block, on stderr."""
-    where = f"{session.model_name} ({session.dtype}, {weights_text(session)}{session.device}{', compiled step' if session.compiled else ''})"
+    where = f"{session.model_name} ({session.dtype}, {weights_text(session)}{session.device}{f', {session.runner} step' if session.compiled else ''})"
     for line in stats_lines(session.method_name, session.proposer.knobs(), where, stream.stats, stream.finish_reason,
                             title=title):
         click.echo(line, err=True)

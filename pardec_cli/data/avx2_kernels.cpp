@@ -30,6 +30,7 @@
 // = 30480, so the group's integer sums are exact in int16 until one VPMADDWD widens them.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 #include <immintrin.h>
 
@@ -235,6 +236,24 @@ void q4_block_rows(const int8_t* qx, const float* dx, const float* sx, int64_t K
 using Q4BlockRows = void (*)(const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, float*, int64_t);
 constexpr Q4BlockRows kQ4BlockRows[kMaxRows + 1] = {nullptr, q4_block_rows<1>, q4_block_rows<2>, q4_block_rows<3>, q4_block_rows<4>};
 
+// M rows x [M, K] (float32, rows ldx apart) by records w [n/16, K/32, 320] -> out [M, n]
+// (rows ldo apart). qx [M, K], dx and sx [M, K/32]: room for the rows' int8 groups.
+void q4q8_rows(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w, int64_t n, float* out, int64_t ldo,
+               int8_t* qx, float* dx, float* sx) {
+  const int64_t G = K / kGroup, NB = n / kBlock;
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t g = 0; g < G; ++g) quantize_group(x + r * ldx + g * kGroup, qx + r * K + g * kGroup, dx + r * G + g, sx + r * G + g);
+  }
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      for (int64_t r0 = 0; r0 < M; r0 += kMaxRows) {
+        kQ4BlockRows[std::min(kMaxRows, M - r0)](qx + r0 * K, dx + r0 * G, sx + r0 * G, K, G, w + nb * G * kRecord,
+                                                 out + r0 * ldo + nb * kBlock, ldo);
+      }
+    }
+  });
+}
+
 // x [M, K] (any float dtype) -> [M, n] float32.
 at::Tensor q4q8_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu() && at::isFloatingType(x_in.scalar_type()),
@@ -249,21 +268,8 @@ at::Tensor q4q8_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
   if (M == 0) return out;
   at::Tensor qx = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor scales = at::empty({2, M, G}, x.options());  // d_x, then s_x
-  const float* xp = x.data_ptr<float>();
-  int8_t* qp = qx.data_ptr<int8_t>();
   float* dp = scales.data_ptr<float>();
-  float* sp = dp + M * G;
-  for (int64_t i = 0; i < M * G; ++i) quantize_group(xp + i * kGroup, qp + i * kGroup, dp + i, sp + i);
-  float* op = out.data_ptr<float>();
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      for (int64_t r0 = 0; r0 < M; r0 += kMaxRows) {
-        kQ4BlockRows[std::min(kMaxRows, M - r0)](qp + r0 * K, dp + r0 * G, sp + r0 * G, K, G, wp + nb * G * kRecord,
-                                                 op + r0 * n + nb * kBlock, n);
-      }
-    }
-  });
+  q4q8_rows(x.data_ptr<float>(), K, M, K, w.data_ptr<uint8_t>(), n, out.data_ptr<float>(), n, qx.data_ptr<int8_t>(), dp, dp + M * G);
   return out;
 }
 
@@ -383,6 +389,38 @@ void attend_unit(const float* const* qs, int64_t nq, const float* k, const float
   }
 }
 
+// Attention of R rows' H heads over one sequence's keys and values (H_kv heads, W keys
+// each, head dimension D): `query(h, r)`, `mask(h, r)` and `output(h, r)` give each query's
+// pointers (its D values, its W mask entries, its D outputs).
+template <typename Query, typename Mask, typename Output>
+void attend_heads(int64_t H, int64_t Hkv, int64_t R, int64_t D, int64_t W, float scale, const float* k, const float* v,
+                  int64_t k_head, int64_t v_head, int64_t ldk, int64_t ldv, Query query, Mask mask, Output output) {
+  const int64_t groups = H / Hkv, per_kv = groups * R;
+  // Units: a KV head's queries (its heads' rows) in chunks, about 2 units per thread (a
+  // chunk only changes which queries share the loads, never a query's arithmetic).
+  const int64_t chunk = std::max<int64_t>(1, std::min(per_kv, Hkv * per_kv / (2 * at::get_num_threads())));
+  const int64_t chunks = (per_kv + chunk - 1) / chunk;
+  const auto attend = D == 64 ? attend_unit<8> : D == 128 ? attend_unit<16> : attend_unit<0>;
+  at::parallel_for(0, Hkv * chunks, 1, [&](int64_t c0, int64_t c1) {
+    const int64_t padded = (W + kKeys - 1) / kKeys * kKeys;
+    std::vector<float> scores(chunk * padded), acc(chunk * D);
+    std::vector<const float*> qs(chunk), masks(chunk);
+    std::vector<float*> outs(chunk);
+    for (int64_t c = c0; c < c1; ++c) {  // c: (kv head, chunk of its queries)
+      const int64_t kvh = c / chunks, first = c % chunks * chunk;
+      const int64_t nq = std::min(chunk, per_kv - first);
+      for (int64_t i = 0; i < nq; ++i) {  // query g * R + r of this KV head: head kvh * groups + g, row r
+        const int64_t h = kvh * groups + (first + i) / R, r = (first + i) % R;
+        qs[i] = query(h, r);
+        masks[i] = mask(h, r);
+        outs[i] = output(h, r);
+      }
+      attend(qs.data(), nq, k + kvh * k_head, v + kvh * v_head, ldk, ldv, masks.data(), W, D, scale, scores.data(),
+             acc.data(), outs.data());
+    }
+  });
+}
+
 // query [B, H, R, D], key and value [B, H_kv, W, D] (float32, each row contiguous), an
 // additive float32 mask [B, 1 or H, R, W] -> output [B, R, H, D] float32.
 at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask_in, double scaling) {
@@ -400,33 +438,228 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
   const at::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
   const at::Tensor mask = mask_in.stride(3) == 1 ? mask_in : mask_in.contiguous();
   at::Tensor out = at::empty({B, R, H, D}, q.options());
-  const int64_t groups = H / Hkv, mask_heads = mask.size(1), per_kv = groups * R;
-  const float scale = static_cast<float>(scaling);
-  // Units: a KV head's queries (its heads' rows) in chunks, about 2 units per thread (a
-  // chunk only changes which queries share the loads, never a query's arithmetic).
-  const int64_t chunk = std::max<int64_t>(1, std::min(per_kv, B * Hkv * per_kv / (2 * at::get_num_threads())));
-  const int64_t chunks = (per_kv + chunk - 1) / chunk;
-  const auto attend = D == 64 ? attend_unit<8> : D == 128 ? attend_unit<16> : attend_unit<0>;
-  at::parallel_for(0, B * Hkv * chunks, 1, [&](int64_t c0, int64_t c1) {
-    const int64_t padded = (W + kKeys - 1) / kKeys * kKeys;
-    std::vector<float> scores(chunk * padded), acc(chunk * D);
-    std::vector<const float*> qs(chunk), masks(chunk);
-    std::vector<float*> outs(chunk);
-    for (int64_t c = c0; c < c1; ++c) {  // c: (batch, kv head, chunk of its queries)
-      const int64_t b = c / (Hkv * chunks), kvh = c / chunks % Hkv, first = c % chunks * chunk;
-      const int64_t nq = std::min(chunk, per_kv - first);
-      for (int64_t i = 0; i < nq; ++i) {  // query g * R + r of this KV head: head kvh * groups + g, row r
-        const int64_t h = kvh * groups + (first + i) / R, r = (first + i) % R;
-        qs[i] = q.data_ptr<float>() + b * q.stride(0) + h * q.stride(1) + r * q.stride(2);
-        masks[i] = mask.data_ptr<float>() + b * mask.stride(0) + (mask_heads == 1 ? 0 : h) * mask.stride(1) + r * mask.stride(2);
-        outs[i] = out.data_ptr<float>() + ((b * R + r) * H + h) * D;
-      }
-      attend(qs.data(), nq, k.data_ptr<float>() + b * k.stride(0) + kvh * k.stride(1),
-             v.data_ptr<float>() + b * v.stride(0) + kvh * v.stride(1), k.stride(2), v.stride(2), masks.data(), W, D,
-             scale, scores.data(), acc.data(), outs.data());
-    }
-  });
+  const int64_t mask_heads = mask.size(1);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* qb = q.data_ptr<float>() + b * q.stride(0);
+    const float* mb = mask.data_ptr<float>() + b * mask.stride(0);
+    float* ob = out.data_ptr<float>() + b * R * H * D;
+    attend_heads(
+        H, Hkv, R, D, W, static_cast<float>(scaling), k.data_ptr<float>() + b * k.stride(0), v.data_ptr<float>() + b * v.stride(0),
+        k.stride(1), v.stride(1), k.stride(2), v.stride(2),
+        [&](int64_t h, int64_t r) { return qb + h * q.stride(1) + r * q.stride(2); },
+        [&](int64_t h, int64_t r) { return mb + (mask_heads == 1 ? 0 : h) * mask.stride(1) + r * mask.stride(2); },
+        [&](int64_t h, int64_t r) { return ob + (r * H + h) * D; });
+  }
   return out;
+}
+
+// ---- a whole decoding step of a Llama decoder on these kernels (engine/native.py).
+// The compiled step spent most of its own time in Python between kernels: per layer 5
+// custom-op calls, ~15 views and ~13 allocations (docs/runner.md). Here the step is one
+// call: the token rows' embeddings, every decoder layer (RMSNorm, the q/k/v product, RoPE,
+// the cache write, attention, the output product and residual, RMSNorm, the gate/up
+// product, SiLU times up, the down product and residual), the final norm and the int8
+// head, with transformers' LlamaDecoderLayer's arithmetic. Every row is computed by the
+// same instructions whatever the other rows: a verifying step's rows equal one-token steps
+// bit for bit, as the products and the attention above promise for themselves.
+
+// A Llama decoder's weights as these ops take them, held once per model.
+struct LlamaWeights : torch::CustomClassHolder {
+  // Per layer, 6 tensors: input norm [E], q/k/v records [(Q + 2 KV)/16, E/32, 320], o
+  // records [E/16, Q/32, 320], post-attention norm [E], gate/up records [2I/16, E/32, 320],
+  // down records [E/16, I/32, 320].
+  std::vector<at::Tensor> layers;
+  at::Tensor embed;       // [V_in, E] float32
+  at::Tensor final_norm;  // [E]
+  at::Tensor smooth;      // [E]: the head's inputs are multiplied by it (quant.smoothed_int8); empty: by 1
+  at::Tensor codes;       // the head's weights [V, E]: int8 codes, or float32 (then no scales)
+  at::Tensor scales;      // [V] float32 for int8 codes; empty for float32 weights
+  std::vector<int64_t> cache_layer;  // each layer's (keys, values) in the cache lists
+  int64_t heads, kv_heads, head_dim, inter;
+  double eps, scaling;
+
+  LlamaWeights(std::vector<at::Tensor> layers_, at::Tensor embed_, at::Tensor final_norm_, at::Tensor smooth_,
+               at::Tensor codes_, at::Tensor scales_, std::vector<int64_t> cache_layer_, std::vector<int64_t> dims,
+               double eps_, double scaling_)
+      : layers(std::move(layers_)), embed(std::move(embed_)), final_norm(std::move(final_norm_)), smooth(std::move(smooth_)),
+        codes(std::move(codes_)), scales(std::move(scales_)), cache_layer(std::move(cache_layer_)), eps(eps_), scaling(scaling_) {
+    TORCH_CHECK(dims.size() == 4, "LlamaWeights: dims are (heads, kv_heads, head_dim, intermediate)");
+    heads = dims[0], kv_heads = dims[1], head_dim = dims[2], inter = dims[3];
+    const int64_t L = static_cast<int64_t>(cache_layer.size()), E = embed.size(1);
+    const int64_t Q = heads * head_dim, KV = kv_heads * head_dim;
+    TORCH_CHECK(static_cast<int64_t>(layers.size()) == 6 * L && L > 0, "LlamaWeights: 6 tensors per layer");
+    TORCH_CHECK(head_dim % 8 == 0 && head_dim <= kMaxHeadDim && head_dim % 2 == 0 && kv_heads > 0 && heads % kv_heads == 0,
+                "LlamaWeights: unsupported heads");
+    TORCH_CHECK(E % kGroup == 0 && Q % kGroup == 0 && inter % kGroup == 0 && (Q + 2 * KV) % kBlock == 0 && E % kBlock == 0 &&
+                inter % kBlock == 0, "LlamaWeights: widths must be whole groups of 32 and blocks of 16");
+    auto f32 = [](const at::Tensor& t, int64_t n, const char* what) {
+      TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n && t.device().is_cpu(), "LlamaWeights: ", what,
+                  " must be contiguous float32 with ", n, " values");
+    };
+    auto records = [](const at::Tensor& t, int64_t n, int64_t k, const char* what) {
+      TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous() && t.dim() == 3 && t.size(0) == n / kBlock &&
+                  t.size(1) == k / kGroup && t.size(2) == kRecord && t.device().is_cpu(), "LlamaWeights: ", what, " records ", t.sizes(),
+                  " do not hold ", n, " x ", k, " weights");
+    };
+    for (int64_t l = 0; l < L; ++l) {
+      const at::Tensor* t = layers.data() + 6 * l;
+      f32(t[0], E, "an input norm");
+      records(t[1], Q + 2 * KV, E, "q/k/v");
+      records(t[2], E, Q, "o");
+      f32(t[3], E, "a post-attention norm");
+      records(t[4], 2 * inter, E, "gate/up");
+      records(t[5], E, inter, "down");
+    }
+    TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == at::kFloat && embed.is_contiguous(), "LlamaWeights: embed must be contiguous float32 [V, E]");
+    f32(final_norm, E, "the final norm");
+    if (smooth.numel()) f32(smooth, E, "the head's smoothing");
+    TORCH_CHECK(codes.dim() == 2 && codes.size(1) == E && codes.size(0) > 0 && (codes.scalar_type() == at::kChar || codes.scalar_type() == at::kFloat) &&
+                codes.is_contiguous() && codes.device().is_cpu(), "LlamaWeights: the head must be contiguous int8 or float32 [V, E]");
+    if (codes.scalar_type() == at::kChar) {
+      f32(scales, codes.size(0), "the head's scales");
+    } else {
+      TORCH_CHECK(scales.numel() == 0, "LlamaWeights: a float32 head has no scales");
+    }
+  }
+};
+
+// y = x * rsqrt(mean(x^2) + eps) * w over one row of E floats (transformers' LlamaRMSNorm
+// in float32: the product by the reciprocal first, then by the weight).
+inline void rms_norm(const float* x, const float* w, int64_t E, float eps, float* y) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < E; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  const float inv = 1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(E) + eps);
+  const __m256 r = _mm256_set1_ps(inv);
+  for (int64_t i = 0; i < E; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
+}
+
+// One head's D values rotated in place: x * cos + rotate_half(x) * sin (transformers'
+// apply_rotary_pos_emb: rotate_half(x) = [-x2, x1] for the halves x1, x2).
+inline void rope(float* x, const float* cos, const float* sin, int64_t D) {
+  const int64_t half = D / 2;
+  alignas(32) float rotated[kMaxHeadDim];
+  for (int64_t i = 0; i < half; ++i) rotated[i] = -x[half + i], rotated[half + i] = x[i];
+  for (int64_t i = 0; i < D; i += 8) {
+    const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(cos + i));
+    const __m256 b = _mm256_mul_ps(_mm256_load_ps(rotated + i), _mm256_loadu_ps(sin + i));
+    _mm256_storeu_ps(x + i, _mm256_add_ps(a, b));
+  }
+}
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g * sigmoid(g), over n floats (n % 8 == 0).
+inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign));  // exp(-|g|), in (0, 1]
+    const __m256 sig_abs = _mm256_div_ps(one, _mm256_add_ps(one, e));  // sigmoid(|g|)
+    // sigmoid(g) = sigmoid(|g|) for g >= 0, 1 - sigmoid(|g|) = e / (1 + e) otherwise
+    const __m256 sig = _mm256_blendv_ps(sig_abs, _mm256_mul_ps(e, sig_abs), _mm256_cmp_ps(g, zero, _CMP_LT_OQ));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+  }
+}
+
+// One step of R new tokens: ids [R] (int64), RoPE tables cos and sin [P, D] (rows by
+// position), positions [R] (each row's position, < P), mask [1, 1, R, W] (additive, over
+// the first W cache rows), the rows written at cache rows start..start+R-1 of every
+// layer's keys and values [1, H_kv, C, D] (start + R <= W <= C). Returns logits [R, V];
+// `states`, if given ([L + 1, R, E]), gets transformers' hidden states: the embeddings,
+// each layer's output but the last, the final norm's output.
+at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tensor& ids, const at::Tensor& cos, const at::Tensor& sin,
+                      const at::Tensor& positions, const at::Tensor& mask, int64_t start, at::TensorList keys, at::TensorList values,
+                      const std::optional<at::Tensor>& states) {
+  const int64_t L = static_cast<int64_t>(w->cache_layer.size()), E = w->embed.size(1), V = w->embed.size(0);
+  const int64_t H = w->heads, Hkv = w->kv_heads, D = w->head_dim, I = w->inter, Q = H * D, KV = Hkv * D, QKV = Q + 2 * KV;
+  const int64_t R = ids.numel();
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous() && R > 0, "llama_step: ids must be int64 [R]");
+  TORCH_CHECK(positions.dim() == 1 && positions.numel() == R && positions.scalar_type() == at::kLong && positions.is_contiguous(),
+              "llama_step: positions must be int64 [R]");
+  TORCH_CHECK(cos.dim() == 2 && cos.size(1) == D && cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.sizes() == cos.sizes() &&
+              sin.scalar_type() == at::kFloat && sin.is_contiguous(), "llama_step: cos and sin must be contiguous float32 [P, D]");
+  TORCH_CHECK(mask.dim() == 4 && mask.size(0) == 1 && mask.size(1) == 1 && mask.size(2) == R && mask.scalar_type() == at::kFloat &&
+              mask.is_contiguous(), "llama_step: mask must be contiguous float32 [1, 1, R, W]");
+  const int64_t W = mask.size(3), P = cos.size(0);
+  TORCH_CHECK(static_cast<int64_t>(keys.size()) >= L && values.size() == keys.size(), "llama_step: one (keys, values) pair per cache layer");
+  const int64_t C = keys[0].size(2);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (const at::Tensor* t : {&keys[i], &values[i]}) {
+      TORCH_CHECK(t->dim() == 4 && t->size(0) == 1 && t->size(1) == Hkv && t->size(2) == C && t->size(3) == D &&
+                  t->scalar_type() == at::kFloat && t->is_contiguous(), "llama_step: cache buffers must be contiguous float32 [1, H_kv, C, D]");
+    }
+  }
+  TORCH_CHECK(start >= 0 && start + R <= W && W <= C, "llama_step: rows ", start, "..", start + R, " do not fit a window of ", W,
+              " in a cache of ", C);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(id[r] >= 0 && id[r] < V, "llama_step: token id ", id[r], " is outside the vocabulary of ", V);
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < P, "llama_step: position ", pos[r], " is outside the RoPE table of ", P);
+  }
+  float* st = nullptr;
+  if (states.has_value()) {
+    TORCH_CHECK(states->dim() == 3 && states->size(0) == L + 1 && states->size(1) == R && states->size(2) == E &&
+                states->scalar_type() == at::kFloat && states->is_contiguous(), "llama_step: states must be contiguous float32 [L + 1, R, E]");
+    st = states->data_ptr<float>();
+  }
+  // Scratch: the residual stream x, a normed copy, q/k/v, attention's output, a product's
+  // output, gate/up and their SiLU product; the int8 groups of the widest input.
+  const int64_t widest = std::max({E, Q, I});
+  std::vector<float> x(R * E), xn(R * E), qkv(R * QKV), att(R * Q), tmp(R * E), gu(R * 2 * I), act(R * I);
+  std::vector<int8_t> qx(R * widest);
+  std::vector<float> dsx(2 * R * (widest / kGroup));
+  float* dx = dsx.data();
+  float* sx = dx + R * (widest / kGroup);
+  const float eps = static_cast<float>(w->eps);
+  const float* mp = mask.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) std::copy_n(w->embed.data_ptr<float>() + id[r] * E, E, x.data() + r * E);
+  if (st) std::copy(x.begin(), x.end(), st);
+  for (int64_t l = 0; l < L; ++l) {
+    const at::Tensor* t = w->layers.data() + 6 * l;
+    const int64_t cl = w->cache_layer[l];
+    TORCH_CHECK(cl >= 0 && cl < static_cast<int64_t>(keys.size()), "llama_step: layer ", l, " has no cache layer ", cl);
+    float* kc = keys[cl].data_ptr<float>();
+    float* vc = values[cl].data_ptr<float>();
+    for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, t[0].data_ptr<float>(), E, eps, xn.data() + r * E);
+    q4q8_rows(xn.data(), E, R, E, t[1].data_ptr<uint8_t>(), QKV, qkv.data(), QKV, qx.data(), dx, sx);
+    for (int64_t r = 0; r < R; ++r) {
+      float* row = qkv.data() + r * QKV;
+      const float* c = cos.data_ptr<float>() + pos[r] * D;
+      const float* s = sin.data_ptr<float>() + pos[r] * D;
+      for (int64_t h = 0; h < H + Hkv; ++h) rope(row + h * D, c, s, D);  // the q heads, then the k heads
+      for (int64_t h = 0; h < Hkv; ++h) {  // the new keys and values into the cache
+        std::copy_n(row + Q + h * D, D, kc + (h * C + start + r) * D);
+        std::copy_n(row + Q + KV + h * D, D, vc + (h * C + start + r) * D);
+      }
+    }
+    attend_heads(
+        H, Hkv, R, D, W, static_cast<float>(w->scaling), kc, vc, C * D, C * D, D, D,
+        [&](int64_t h, int64_t r) { return qkv.data() + r * QKV + h * D; },
+        [&](int64_t, int64_t r) { return mp + r * W; },
+        [&](int64_t h, int64_t r) { return att.data() + r * Q + h * D; });
+    q4q8_rows(att.data(), Q, R, Q, t[2].data_ptr<uint8_t>(), E, tmp.data(), E, qx.data(), dx, sx);
+    for (int64_t i = 0; i < R * E; ++i) x[i] += tmp[i];
+    for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, t[3].data_ptr<float>(), E, eps, xn.data() + r * E);
+    q4q8_rows(xn.data(), E, R, E, t[4].data_ptr<uint8_t>(), 2 * I, gu.data(), 2 * I, qx.data(), dx, sx);
+    for (int64_t r = 0; r < R; ++r) silu_mul(gu.data() + r * 2 * I, gu.data() + r * 2 * I + I, act.data() + r * I, I);
+    q4q8_rows(act.data(), I, R, I, t[5].data_ptr<uint8_t>(), E, tmp.data(), E, qx.data(), dx, sx);
+    for (int64_t i = 0; i < R * E; ++i) x[i] += tmp[i];
+    if (st && l + 1 < L) std::copy(x.begin(), x.end(), st + (l + 1) * R * E);
+  }
+  at::Tensor normed = at::empty({R, E}, ids.options().dtype(at::kFloat));
+  float* np = normed.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, w->final_norm.data_ptr<float>(), E, eps, np + r * E);
+  if (st) std::copy_n(np, R * E, st + L * R * E);
+  if (w->smooth.numel()) {
+    const float* sm = w->smooth.data_ptr<float>();
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t i = 0; i < E; ++i) np[r * E + i] *= sm[i];
+    }
+  }
+  if (w->codes.scalar_type() == at::kFloat) return product<float>(normed, w->codes, nullptr);
+  return product<int8_t>(normed, w->codes, w->scales.data_ptr<float>());
 }
 
 }  // namespace
@@ -436,10 +669,16 @@ TORCH_LIBRARY(pardec_avx2, m) {
   m.def("q8f32_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("q4q8_mm(Tensor x, Tensor w, int n) -> Tensor");
   m.def("attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scaling) -> Tensor");
+  m.class_<LlamaWeights>("LlamaWeights")
+      .def(torch::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>,
+                       std::vector<int64_t>, double, double>());
+  m.def("llama_step(__torch__.torch.classes.pardec_avx2.LlamaWeights weights, Tensor ids, Tensor cos, Tensor sin, Tensor positions, "
+        "Tensor mask, int start, Tensor[] keys, Tensor[] values, Tensor? states) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pardec_avx2, CPU, m) {
   m.impl("f32_mm", &f32_mm);
   m.impl("q8f32_mm", &q8f32_mm);
   m.impl("q4q8_mm", &q4q8_mm);
   m.impl("attention", &attention);
+  m.impl("llama_step", &llama_step);
 }

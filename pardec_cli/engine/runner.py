@@ -16,6 +16,10 @@ are unchanged); what differs is underneath:
   rows, `engine.attention`); prefills and anything larger run eagerly over the same
   buffers.
 
+Where the model is a Llama decoder on pardec's AVX2 q4q8 kernels, the three graphs are not
+used at all: every step of up to MAX_COMPILED_ROWS rows is one call of `engine.native`
+(nothing to compile; its first step is checked against the eager one).
+
 Compiling happens on first use of a graph, in the calling thread, announced through
 `on_notice`. A graph that fails to compile is dropped with one notice and its steps run
 eagerly from then on (same cache, same results).
@@ -51,6 +55,7 @@ import torch
 from pardec_cli.engine.attention import CPU_ATTENTION, KERNEL_ATTENTION, REDUCE_ROWS
 from pardec_cli.engine.attention import register as register_attention
 from pardec_cli.engine.model import TREE_ATTENTION, LanguageModel
+from pardec_cli.engine.native import NativeStep, native_reason
 from pardec_cli.engine.static_cache import StaticKVCache, capacity_for
 from pardec_cli.engine.tree import ancestor_matrix, depths
 from pardec_cli.errors import PardecUsageError, first_line
@@ -301,7 +306,7 @@ class CompiledLanguageModel(LanguageModel):
 
     def __init__(
         self, model: Any, *, on_notice: Callable[[str], None] | None = None, compile_fn: Callable[..., Any] | None = None,
-        step_dir: Path | None = None, compile_missing: bool = True, fixed_shapes: bool | None = None,
+        step_dir: Path | None = None, compile_missing: bool = True, fixed_shapes: bool | None = None, native: bool = True,
     ) -> None:
         super().__init__(model)
         if not self.supports(model):
@@ -334,6 +339,11 @@ class CompiledLanguageModel(LanguageModel):
         # Layers that round their activations to int8 (q4q8): a fused kernel's last-bit
         # difference flips some of those roundings, so a loaded step is checked as in 16 bits.
         self._rounds_activations = weights_label(model) == "q4q8"
+        # Where the model is what pardec's AVX2 library computes as one call per step
+        # (`engine.native`), that call replaces the graphs: nothing to compile. `native`
+        # False keeps the graphs (tests of the graphs themselves).
+        self.native: NativeStep | None = NativeStep(model) if native and native_reason(model) is None else None
+        self._native_checked = False
 
     # -- cache --------------------------------------------------------------------------
 
@@ -463,7 +473,9 @@ class CompiledLanguageModel(LanguageModel):
         cache.slots.window = mask
         input_ids = self.as_input([*token_ids, *[0] * padding])
         out = None
-        if kind is not None:
+        if kind is not None and self.native is not None:
+            out = self._native_step(input_ids, positions, mask, cache, start, hidden)
+        elif kind is not None:
             out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden, self._cache_keyword))
         if out is None:
             out = self._eager(input_ids, positions, mask, cache, hidden, last_only)
@@ -506,19 +518,41 @@ class CompiledLanguageModel(LanguageModel):
             state.compile_seconds = perf_counter() - began
         return out
 
+    def _native_step(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int, hidden: bool) -> Any:
+        """A step through `engine.native`; its first one is checked against the eager step
+        (run first: the cache keeps the rows the native step writes, as in every later step).
+        A mismatch, or an error, turns the native step off for this model, with a notice."""
+        assert self.native is not None
+        expected = None if self._native_checked else self._eager(input_ids, positions, mask, cache, hidden, False)
+        try:
+            out = self.native(input_ids, positions, mask, start, cache.buffers(), hidden)
+        except Exception as exc:
+            self.native = None
+            self._on_notice(f"the native step failed ({first_line(exc, typed=True)}); compiling the steps instead")
+            return None
+        if expected is None:
+            return out
+        if not _close(out[0], expected[0], exact=False):
+            self.native = None
+            self._on_notice("the native step's logits differ from the eager step's; compiling the steps instead")
+            return self._eager(input_ids, positions, mask, cache, hidden, False)  # the eager step's rows in the cache
+        self._native_checked = True
+        return out
+
     def _first_loaded_step(self, kind: str, hidden: bool, state: GraphState, args: tuple[Any, ...]) -> Any:
         """A loaded step's first run, checked against the eager step on the same inputs
-        (both write the same cache rows, the eager one last); a mismatch drops the saved
-        graph, and the next step of this kind compiles it again."""
+        (both write the same cache rows; the eager one first, so that the cache keeps the
+        graph's rows, as in every later step); a mismatch drops the saved graph, and the
+        next step of this kind compiles it again."""
         _, input_ids, positions, mask, cache, hidden = args[:6]
         assert state.compiled is not None
+        expected = self._eager(input_ids, positions, mask, cache, hidden, False)
         began = perf_counter()
         try:
             out = state.compiled(*args)
         except Exception as exc:
             out, reason = None, first_line(exc, typed=True)
         seconds = perf_counter() - began
-        expected = self._eager(input_ids, positions, mask, cache, hidden, False)
         if out is not None and _close(out[0], expected[0], exact=not self._rounds_activations):
             state.unchecked, state.compile_seconds = False, seconds
             return out
@@ -528,7 +562,7 @@ class CompiledLanguageModel(LanguageModel):
         if self.step_dir is not None:
             step_file(self.step_dir, self.model, kind, hidden).unlink(missing_ok=True)
         self._on_notice(f"the saved {kind} step does not fit this model ({reason}); compiling it again")
-        return expected
+        return self._eager(input_ids, positions, mask, cache, hidden, False)  # the eager step's rows in the cache
 
     def _eager(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, hidden: bool, last_only: bool) -> tuple[torch.Tensor, Any]:
         out = self.model(

@@ -55,10 +55,11 @@ _RESET = "delete it (pardec starts learning afresh), or set learn = false in con
 VANILLA = "vanilla"
 
 
-def step_kind(dtype: str, weights: str, compiled: bool) -> str:
+def step_kind(dtype: str, weights: str, runner: str) -> str:
     """What a decoding step is, as far as its cost goes: "bfloat16/int4/compiled",
-    "float32/full/eager" (`Session.step_kind` for a loaded model)."""
-    return f"{dtype}/{weights}/{'compiled' if compiled else 'eager'}"
+    "float32/full/eager", "float32/q4q8/native" (`Session.step_kind` for a loaded model;
+    `runner` as `Session.runner`)."""
+    return f"{dtype}/{weights}/{runner}"
 
 
 def learned_path() -> Path:
