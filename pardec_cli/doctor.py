@@ -378,8 +378,9 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
     from pardec_cli.session import Session
 
     try:
+        # auto: as a short gen (one token expected): the native step where it applies, no compiling.
         session = Session.load(spec, dtype=hardware.dtype, device=hardware.device, offline=True, compile=compile,
-                               weights=weights)  # fmt: skip
+                               weights=weights, expected_tokens=1 if compile == "auto" else None)  # fmt: skip
         session.target.warm()  # the compiled runner compiles here, not inside the measured forward
     except PardecError as exc:
         report["problem"] = f"cannot load {model['name']}: {exc.message}"

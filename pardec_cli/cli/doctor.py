@@ -30,9 +30,9 @@ def _params(n: int | None) -> str:
 @click.option("--measure/--no-measure", default=True, show_default=True,
               help="Measure the floor: memory bandwidth (a read test, and a copy test beside it) and MODEL's one-token forward against it "
               "(a few seconds). --no-measure answers at once.")
-@click.option("--compile", "compile", type=click.Choice(["off", "on"]), default="off", show_default=True,
-              help="Measure the forward of the compiled runner (--compile on: compiles first, tens of seconds) "
-              "instead of the eager one.")
+@click.option("--compile", "compile", type=click.Choice(["auto", "off", "on"]), default="auto", show_default=True,
+              help="The runner MODEL's forward is measured on: auto, what a short gen uses (the native step where the "
+              "model is one it takes, else eager); on, the compiled runner (compiles first, tens of seconds); off, eager.")
 @click.option("--weights", default="auto", show_default=True, type=click.Choice(WEIGHT_MODES),
               help="As for pardec gen: the weights MODEL's floor and forward are measured with, and auto's "
               "picks shown for (auto: what gen uses).")
