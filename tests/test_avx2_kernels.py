@@ -336,11 +336,17 @@ def test_the_native_step_s_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> 
         lambda: step(torch.tensor([[5, 96]]), positions, mask, 0, buffers, False),  # outside the vocabulary
         lambda: step(ids, positions, mask, 63, buffers, False),  # rows past the window
         lambda: step(ids, positions, mask[:, :, :1], 0, buffers, False),  # a mask of another row count
-        lambda: step(ids, positions, mask, 0, [(k[:, :1].contiguous(), v) for k, v in buffers], False),  # other heads
-        lambda: step(ids, positions, mask, 0, buffers[:1], False),  # a layer's cache missing
     ):
         with pytest.raises(RuntimeError, match="llama_step"):
             bad()
+    for bad in (
+        lambda: step(ids, positions, mask, 0, [(k[:, :1].contiguous(), v) for k, v in buffers], False),  # other heads
+        lambda: step(ids, positions, mask, 0, buffers[:1], False),  # a layer's cache missing
+    ):
+        with pytest.raises(RuntimeError, match="set_cache"):
+            bad()
+    grown = StaticKVCache(model.config, 128, dtype=torch.float32, device=torch.device("cpu")).buffers()
+    assert torch.equal(step(ids, positions, mask, 0, grown, False)[0], logits)  # another cache: handed over
 
 
 def test_a_native_step_that_fails_gives_way_to_the_graphs_with_a_notice(avx2_dir: Path) -> None:

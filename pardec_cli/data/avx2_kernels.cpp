@@ -477,6 +477,10 @@ struct LlamaWeights : torch::CustomClassHolder {
   std::vector<int64_t> cache_layer;  // each layer's (keys, values) in the cache lists
   int64_t heads, kv_heads, head_dim, inter;
   double eps, scaling;
+  // The KV cache the steps write and read (`set_cache`): one [1, H_kv, C, D] pair per cache
+  // layer. Held here rather than passed per step: a step's arguments stay few (torch's
+  // Python dispatch scans every argument of an op that takes a class, per call).
+  std::vector<at::Tensor> keys, values;
 
   LlamaWeights(std::vector<at::Tensor> layers_, at::Tensor embed_, at::Tensor final_norm_, at::Tensor smooth_,
                at::Tensor codes_, at::Tensor scales_, std::vector<int64_t> cache_layer_, std::vector<int64_t> dims,
@@ -520,6 +524,23 @@ struct LlamaWeights : torch::CustomClassHolder {
     } else {
       TORCH_CHECK(scales.numel() == 0, "LlamaWeights: a float32 head has no scales");
     }
+  }
+
+  void set_cache(std::vector<at::Tensor> keys_, std::vector<at::Tensor> values_) {
+    TORCH_CHECK(keys_.size() == values_.size() && !keys_.empty(), "set_cache: one (keys, values) pair per cache layer");
+    for (int64_t l : cache_layer) {
+      TORCH_CHECK(l >= 0 && l < static_cast<int64_t>(keys_.size()), "set_cache: no cache layer ", l, " among ", keys_.size());
+    }
+    const int64_t C = keys_[0].dim() == 4 ? keys_[0].size(2) : -1;
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      for (const at::Tensor* t : {&keys_[i], &values_[i]}) {
+        TORCH_CHECK(t->dim() == 4 && t->size(0) == 1 && t->size(1) == kv_heads && t->size(2) == C && t->size(3) == head_dim &&
+                    t->scalar_type() == at::kFloat && t->is_contiguous() && t->device().is_cpu(),
+                    "set_cache: cache buffers must be contiguous float32 [1, H_kv, C, D], all of one capacity");
+      }
+    }
+    keys = std::move(keys_);
+    values = std::move(values_);
   }
 };
 
@@ -565,12 +586,11 @@ inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) 
 // One step of R new tokens: ids [R] (int64), RoPE tables cos and sin [P, D] (rows by
 // position), positions [R] (each row's position, < P), mask [1, 1, R, W] (additive, over
 // the first W cache rows), the rows written at cache rows start..start+R-1 of every
-// layer's keys and values [1, H_kv, C, D] (start + R <= W <= C). Returns logits [R, V];
+// layer's keys and values (`LlamaWeights::set_cache`; start + R <= W <= C). Returns logits [R, V];
 // `states`, if given ([L + 1, R, E]), gets transformers' hidden states: the embeddings,
 // each layer's output but the last, the final norm's output.
 at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tensor& ids, const at::Tensor& cos, const at::Tensor& sin,
-                      const at::Tensor& positions, const at::Tensor& mask, int64_t start, at::TensorList keys, at::TensorList values,
-                      const std::optional<at::Tensor>& states) {
+                      const at::Tensor& positions, const at::Tensor& mask, int64_t start, const std::optional<at::Tensor>& states) {
   const int64_t L = static_cast<int64_t>(w->cache_layer.size()), E = w->embed.size(1), V = w->embed.size(0);
   const int64_t H = w->heads, Hkv = w->kv_heads, D = w->head_dim, I = w->inter, Q = H * D, KV = Hkv * D, QKV = Q + 2 * KV;
   const int64_t R = ids.numel();
@@ -582,14 +602,10 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   TORCH_CHECK(mask.dim() == 4 && mask.size(0) == 1 && mask.size(1) == 1 && mask.size(2) == R && mask.scalar_type() == at::kFloat &&
               mask.is_contiguous(), "llama_step: mask must be contiguous float32 [1, 1, R, W]");
   const int64_t W = mask.size(3), P = cos.size(0);
-  TORCH_CHECK(static_cast<int64_t>(keys.size()) >= L && values.size() == keys.size(), "llama_step: one (keys, values) pair per cache layer");
+  const std::vector<at::Tensor>& keys = w->keys;
+  const std::vector<at::Tensor>& values = w->values;
+  TORCH_CHECK(!keys.empty(), "llama_step: no cache set (LlamaWeights.set_cache)");
   const int64_t C = keys[0].size(2);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    for (const at::Tensor* t : {&keys[i], &values[i]}) {
-      TORCH_CHECK(t->dim() == 4 && t->size(0) == 1 && t->size(1) == Hkv && t->size(2) == C && t->size(3) == D &&
-                  t->scalar_type() == at::kFloat && t->is_contiguous(), "llama_step: cache buffers must be contiguous float32 [1, H_kv, C, D]");
-    }
-  }
   TORCH_CHECK(start >= 0 && start + R <= W && W <= C, "llama_step: rows ", start, "..", start + R, " do not fit a window of ", W,
               " in a cache of ", C);
   const int64_t* id = ids.data_ptr<int64_t>();
@@ -618,8 +634,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   if (st) std::copy(x.begin(), x.end(), st);
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor* t = w->layers.data() + 6 * l;
-    const int64_t cl = w->cache_layer[l];
-    TORCH_CHECK(cl >= 0 && cl < static_cast<int64_t>(keys.size()), "llama_step: layer ", l, " has no cache layer ", cl);
+    const int64_t cl = w->cache_layer[l];  // within keys: set_cache checked it
     float* kc = keys[cl].data_ptr<float>();
     float* vc = values[cl].data_ptr<float>();
     for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, t[0].data_ptr<float>(), E, eps, xn.data() + r * E);
@@ -671,9 +686,10 @@ TORCH_LIBRARY(pardec_avx2, m) {
   m.def("attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scaling) -> Tensor");
   m.class_<LlamaWeights>("LlamaWeights")
       .def(torch::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>,
-                       std::vector<int64_t>, double, double>());
+                       std::vector<int64_t>, double, double>())
+      .def("set_cache", &LlamaWeights::set_cache);
   m.def("llama_step(__torch__.torch.classes.pardec_avx2.LlamaWeights weights, Tensor ids, Tensor cos, Tensor sin, Tensor positions, "
-        "Tensor mask, int start, Tensor[] keys, Tensor[] values, Tensor? states) -> Tensor");
+        "Tensor mask, int start, Tensor? states) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pardec_avx2, CPU, m) {
   m.impl("f32_mm", &f32_mm);

@@ -111,6 +111,7 @@ class NativeStep:
         self._rotary = decoder.rotary_emb
         self._config = config
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0, head_dim), torch.empty(0, head_dim))
+        self._cache: list[torch.Tensor] = []  # the keys of the cache the op holds (`set_cache`), per layer
 
     def _rope(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [P, D] for positions 0..P-1 with P >= `positions` (the model's own rotary module)."""
@@ -130,8 +131,10 @@ class NativeStep:
         transformers' hidden states, each [1, R, E], with `hidden`, else None)."""
         ids, pos = input_ids.view(-1), positions.view(-1)
         cos, sin = self._rope(start + ids.shape[0])  # a row's position is at most start + its index
+        # Another cache, or this one grown (new buffers): hand it over.
+        if len(buffers) != len(self._cache) or any(k is not held for (k, _), held in zip(buffers, self._cache)):
+            self.weights.set_cache([k for k, _ in buffers], [v for _, v in buffers])
+            self._cache = [k for k, _ in buffers]
         states = torch.empty(self.layers + 1, ids.shape[0], self.hidden_size) if hidden else None
-        logits = torch.ops.pardec_avx2.llama_step(
-            self.weights, ids, cos, sin, pos, mask, start, [k for k, _ in buffers], [v for _, v in buffers], states,
-        )
+        logits = torch.ops.pardec_avx2.llama_step(self.weights, ids, cos, sin, pos, mask, start, states)
         return logits.unsqueeze(0), (None if states is None else tuple(s.unsqueeze(0) for s in states))
