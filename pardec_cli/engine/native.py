@@ -85,7 +85,7 @@ class NativeStep:
     """`model`'s steps through ``pardec_avx2::llama_step`` (check `native_reason` first)."""
 
     def __init__(self, model: Any) -> None:
-        decoder, config = model.model, model.config
+        decoder = model.model
         tensors: list[torch.Tensor] = []
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -109,7 +109,6 @@ class NativeStep:
         self.layers = len(decoder.layers)
         self.hidden_size = int(decoder.embed_tokens.weight.shape[1])
         self._rotary = decoder.rotary_emb
-        self._config = config
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0, head_dim), torch.empty(0, head_dim))
         self._cache: list[torch.Tensor] = []  # the keys of the cache the op holds (`set_cache`), per layer
 
