@@ -142,16 +142,12 @@ def find_model(spec: str | None) -> tuple[str, Path | None, str | None]:
     return name, local_path(name), repo
 
 
-def _llama_config(path: Path) -> bool:
-    """Whether the model in `path` says it is a Llama decoder with SiLU (config.json's
-    architectures and hidden_act): what the native step computes (`engine.native`)."""
-    import json
-
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return config.get("architectures") == ["LlamaForCausalLM"] and config.get("hidden_act") in ("silu", "swish")
+def _native_expected(summary: dict[str, Any]) -> bool:
+    """Whether `store.inventory.config_summary` describes a Llama decoder with SiLU: what
+    the native step computes (`engine.native`; known for sure once the model is loaded).
+    A converted GGUF's config names no architectures, only its model type."""
+    return (summary.get("model_type") == "llama" and summary.get("architecture") in (None, "LlamaForCausalLM")
+            and summary.get("activation") in ("silu", "swish"))
 
 
 def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> dict[str, Any]:
@@ -197,7 +193,7 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
             and kernels_now["avx2_status"] == "built")  # fmt: skip
     held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device,
                            stored="q4" if is_quantized_dir(path) else None, avx2=avx2)  # fmt: skip
-    step = step_kind(hardware.dtype, held, "native" if held == "q4q8" and avx2 and _llama_config(path) else "eager")
+    step = step_kind(hardware.dtype, held, "native" if held == "q4q8" and avx2 and _native_expected(summary) else "eager")
     usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (
         "off (learn = false in config.toml, or PARDEC_LEARN=0)" if usage is None else

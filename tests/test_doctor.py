@@ -190,3 +190,14 @@ def test_doctor_says_which_compiled_steps_are_saved(tiny_cli_model, isolated_hom
     assert [(s["kind"], s["bytes"]) for s in saved] == [("decode", 2048), ("verify", 1024)]
     text = invoke(["doctor", "-m", str(tiny_cli_model), "--no-measure"]).stdout
     assert f"  saved steps   2 in {steps} (decode, verify; 0 MiB): later runs load them in seconds" in text
+
+
+def test_doctor_expects_the_native_step_for_a_llama_with_silu_whatever_its_config_names():
+    """The embedded model's converted config names no architectures, only its model type."""
+    from pardec_cli.doctor import _native_expected
+
+    base = {"model_type": "llama", "architecture": None, "activation": "silu"}
+    assert _native_expected(base) and _native_expected({**base, "architecture": "LlamaForCausalLM"})
+    assert not _native_expected({**base, "model_type": "qwen2", "architecture": "Qwen2ForCausalLM"})
+    assert not _native_expected({**base, "activation": "gelu"})
+    assert not _native_expected({**base, "architecture": "LlamaForSequenceClassification"})

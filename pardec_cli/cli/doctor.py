@@ -125,7 +125,7 @@ def _floor_lines(floor: dict[str, Any], name: str) -> list[str]:
     if floor.get("problem"):
         return [*lines, f"  {floor['problem']}"]
     lines.append(f"  weights       {floor['weight_bytes'] / 1e6:.1f} MB read by one forward ({floor['dtype']}, "
-                 f"{floor['weights']} weights, {floor.get('runner') or ('compiled' if floor.get('compiled') else 'eager')} step)")
+                 f"{floor['weights']} weights, {floor['runner']} step)")
     lines.append(f"  floor         {floor['floor_ms']:.2f} ms per forward (weights / read bandwidth)")
     lines.append(f"  forward       {floor['forward_ms']:.2f} ms for one token over a {floor['context_tokens']}-token "
                  f"context: {floor['multiple']:.2f}x the floor ({floor['copy_multiple']:.2f}x one at the copy test's rate)")

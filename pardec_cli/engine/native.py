@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from pardec_cli import kernels
-from pardec_cli.quant import F32Linear, Int4Records, Int8F32Head
+from pardec_cli.quant import RECORD_BLOCK, F32Linear, Int4Records, Int8F32Head
 
 
 def native_reason(model: Any) -> str | None:
@@ -78,7 +78,7 @@ def _shared(*members: Any) -> bool:
         if m.shared_blocks is not whole or m.shared_columns != (lo, lo + m.out_features):
             return False
         lo += m.out_features
-    return lo == whole.shape[0] * 16
+    return lo == whole.shape[0] * RECORD_BLOCK
 
 
 class NativeStep:

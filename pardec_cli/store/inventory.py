@@ -287,6 +287,7 @@ def config_summary(path: Path) -> dict[str, Any]:
         "hidden_size": first("hidden_size", "n_embd", "d_model"),
         "context_length": first("max_position_embeddings", "n_positions", "max_sequence_length"),
         "vocab_size": first("vocab_size"),
+        "activation": first("hidden_act", "hidden_activation"),
         "dtype": config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype"),
         "chat_template": has_chat_template(path),
     }
