@@ -19,7 +19,7 @@ import time
 
 CONFIGS = [
     ("vanilla", {}),
-    ("pld", {"num_draft": 4}), ("pld", {"num_draft": 8}), ("pld", {}), ("pld", {"num_draft": 16}),
+    ("pld", {"num_draft": 2}), ("pld", {"num_draft": 4}), ("pld", {"num_draft": 8}), ("pld", {}), ("pld", {"num_draft": 16}),
     ("pld", {"branches": 4}),
     ("suffix", {"max_nodes": 4}), ("suffix", {"max_nodes": 8}), ("suffix", {"max_nodes": 16}), ("suffix", {}), ("suffix", {"max_nodes": 64}),
     ("recycling", {"nodes": 8, "depth": 4}), ("recycling", {"nodes": 16}), ("recycling", {}), ("recycling", {"nodes": 64, "depth": 8}),

@@ -252,6 +252,8 @@ def test_q4q8_on_avx2_keeps_every_method_exact_in_compiled_steps(avx2_dir: Path,
     quant.quantize_linears(model, "int4")
     assert quant.use_records(model, "float32") == 2 * 7 and quant.weights_label(model) == "q4q8"
     assert use_avx2(model) == 1 and quant.kernel_suffix(model) == "+pardec"  # the head: each row alone too
+    # The AVX2 products pass over a block's records 4 rows at a time: drafts fit tiles of 4.
+    assert quant.row_tile(model) == quant.AVX2_RECORD_ROW_TILE == 4
     compiled_steps_agree_and_methods_are_exact(model, tmp_path)
 
 
