@@ -25,8 +25,9 @@ computed alone, what float32 layers use on a CPU whose torch runs AVX2 kernels (
 AVX512), where MKL's float32 products of a few rows read the weights at a third of the
 memory's rate (docs/runner.md, "float32 on AVX2"); and ``pardec_avx2::q4q8_mm``, the
 records of ``q4q8_mm`` above by int8 activation groups with AVX2's byte products, what
-``--weights q4q8`` (and auto, for GGUF 4-bit models in float32) uses there; and
-``pardec_avx2::attention``, each query row's attention over a float32 cache alone, what
+``--weights q4q8`` (and auto, for GGUF 4-bit models in float32) uses there;
+``pardec_avx2::q8q8_mm``, the int8 head's codes by int8 activation groups (the head of
+such models: ``quant.Int8F32Head``); and ``pardec_avx2::attention``, each query row's attention over a float32 cache alone, what
 float32 models on this library attend with (``engine.attention``).
 It also holds ``pardec_avx2::llama_step``, a Llama decoder's whole step on those ops in one
 call (``engine.native``): what the runner runs instead of its compiled graphs where a model
@@ -265,6 +266,7 @@ def _register_fakes(library: Library = AVX512) -> None:
     if library is AVX2:  # x [M, K] by w [N, K] -> [M, N] float32
         torch.library.register_fake("pardec_avx2::f32_mm", lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
         torch.library.register_fake("pardec_avx2::q8f32_mm", lambda x, q, scales: x.new_empty((x.shape[0], q.shape[0])))
+        torch.library.register_fake("pardec_avx2::q8q8_mm", lambda x, q, scales: x.new_empty((x.shape[0], q.shape[0])))
         # x [M, K] by records w [N/16, K/32, 320] -> [M, n] float32
         torch.library.register_fake("pardec_avx2::q4q8_mm", lambda x, w, n: x.new_empty((x.shape[0], n), dtype=torch.float32))
         # query [B, H, R, D] -> output [B, R, H, D]

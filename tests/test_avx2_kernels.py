@@ -94,6 +94,10 @@ def test_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
         lambda: torch.ops.pardec_avx2.q8f32_mm(x, q, scales[:8]),
         lambda: torch.ops.pardec_avx2.q8f32_mm(x, q, scales.double()),
         lambda: torch.ops.pardec_avx2.q8f32_mm(x, q.to(torch.uint8), scales),
+        lambda: torch.ops.pardec_avx2.q8q8_mm(x[:, :40], q[:, :40].contiguous(), scales),  # K not a multiple of 32
+        lambda: torch.ops.pardec_avx2.q8q8_mm(x, q, scales[:8]),
+        lambda: torch.ops.pardec_avx2.q8q8_mm(x, q.to(torch.uint8), scales),
+        lambda: torch.ops.pardec_avx2.q8q8_mm(x.double(), q, scales),
     ):
         with pytest.raises(RuntimeError):
             bad()
@@ -127,19 +131,40 @@ def test_an_int8_layer_on_the_kernel_gives_what_torch_s_int8_kernel_gives(avx2_d
     assert Int8F32.from_int8(Int8Linear.from_weight(torch.randn(8, 64).bfloat16())) is None  # bfloat16 scales
 
 
-def test_an_int8_head_on_the_kernel_computes_each_row_s_logits_alone(avx2_dir: Path) -> None:
-    """`Int8Head`'s smoothed codes, by float32 activations in one pass: close to the dense
-    head and to `Int8Head`, each row's logits the same bits alone or beside others."""
-    dense = torch.nn.Linear(64, 200, bias=False)
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 64, 64), (3, 37, 96), (5, 50, 576), (9, 33, 32)])
+def test_q8q8_multiplies_int8_codes_by_int8_activation_groups(avx2_dir: Path, rows: int, n: int, k: int) -> None:
+    """Each row's groups of 32 become int8 codes with d = max|x| / 127, as llama.cpp's
+    Q8_0 by Q8_0: y = scale * sum_g d_g * (integer sum of codes by codes). Codes of -128
+    too; an odd number of outputs; each row the same bits alone."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k, generator=g)
+    q = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    scales = torch.rand(n, generator=g)
+    groups = x.view(rows, k // 32, 32)
+    d = groups.abs().amax(-1) / 127
+    qx = torch.round(groups / d[..., None]).clamp(-127, 127)
+    sums = torch.einsum("mgk,ngk->mng", qx.double(), q.view(n, k // 32, 32).double())  # exact integers
+    want = (sums * d.double()[:, None, :]).sum(-1) * scales.double()
+    got = torch.ops.pardec_avx2.q8q8_mm(x, q, scales)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    assert all(torch.equal(torch.ops.pardec_avx2.q8q8_mm(x[i:i + 1], q, scales)[0], got[i]) for i in range(rows))
+
+
+@pytest.mark.parametrize("k", [64, 72])  # inputs in groups of 32 (q8q8_mm), or not (q8f32_mm)
+def test_an_int8_head_on_the_kernel_computes_each_row_s_logits_alone(avx2_dir: Path, k: int) -> None:
+    """`Int8Head`'s smoothed codes, by int8 activation groups (inputs in 32s, `q8q8_mm`) or
+    float32 activations: close to the dense head and to `Int8Head`, each row's logits the
+    same bits alone or beside others."""
+    dense = torch.nn.Linear(k, 200, bias=False)
     head = quant.Int8F32Head(dense)
     assert head.weight is dense.weight and quant.own_kernel_activations(head) == "float32"
-    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(7, k, generator=torch.Generator().manual_seed(3))
     together = head(x)
     assert all(torch.equal(head(x[i:i + 1]), together[i:i + 1]) for i in range(7))
     want = dense(x)
     assert (together - want).norm() < 0.01 * want.norm()
     torch.testing.assert_close(together, quant.Int8Head(dense, prepack=False)(x), rtol=0.02, atol=0.02)
-    long = torch.randn(DENSE_FROM_ROWS, 64)  # a long prefill: the dense weight
+    long = torch.randn(DENSE_FROM_ROWS, k)  # a long prefill: the dense weight
     assert torch.equal(head(long), torch.nn.functional.linear(long, dense.weight))
 
 

@@ -6,6 +6,8 @@
 //   pardec_avx2::q4q8_mm  4-bit weights in `quant.Int4Records`' layout (GGUF Q4_1's
 //                        w = q * d + m) by activations quantized to int8 in groups of 32,
 //                        as llama.cpp multiplies Q4_1 by Q8_1: --weights q4q8 on AVX2;
+//   pardec_avx2::q8q8_mm  int8 weights (one scale per output: the head's) by activations
+//                        quantized to int8 in groups of 32, as llama.cpp's Q8_0 by Q8_0;
 //   pardec_avx2::attention  a few query rows' attention over a float32 cache, each row
 //                        computed alone (engine/attention.py).
 // Built at run time by torch.utils.cpp_extension (pardec_cli/kernels.py).
@@ -271,6 +273,85 @@ at::Tensor q4q8_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
   float* dp = scales.data_ptr<float>();
   q4q8_rows(x.data_ptr<float>(), K, M, K, w.data_ptr<uint8_t>(), n, out.data_ptr<float>(), n, qx.data_ptr<int8_t>(), dp, dp + M * G);
   return out;
+}
+
+// ---- q8q8_mm: int8 weights [N, K] (one float32 scale per output, the head's) by activations
+// quantized to int8 in groups of 32 (`quantize_group`), as llama.cpp multiplies Q8_0 by Q8_0:
+//   y[r, n] = scale[n] sum_g d_x[r, g] sum_k q[n, k] q_x[r, k].
+// VPMADDUBSW wants one unsigned operand: |q| (VPSIGNB of q by itself) times q_x with q's
+// sign; a pair of such products is at most 2 * 128 * 127 in int16. Against q8f32_mm's
+// float32 activations (one conversion and one FMA per 8 weights and row) the head's 28 MB
+// streamed in ~1.2 instead of ~2.0 ms on a 2-core AVX2 EPYC, cold cache (docs/runner.md).
+// Each (row, output) sums its groups in order, 8 lanes then the lanes: rows stay alone.
+
+constexpr int64_t kHeadOut = 2, kHeadRows = 4;
+// A block's 2 rows are 2 K bytes: each group prefetches one line 2 KB on, so a block
+// fetches about the block two ahead (0, 2 and 4 KB measured: 2 best).
+constexpr int64_t kHeadPrefetch = 2048;
+
+// R rows (codes qx [R, K], d_x [R, K/32]) by the 2 weight rows w0, w1 -> out [R, 2] (rows ldo apart).
+template <int R>
+void q8_block_rows(const int8_t* qx, const float* dx, int64_t K, const int8_t* w0, const int8_t* w1, const float* scale, int64_t outs,
+                   float* out, int64_t ldo) {
+  const int64_t G = K / kGroup;
+  __m256 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < G; ++g) {
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + kHeadPrefetch + g * 64), _MM_HINT_T0);
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + g * kGroup));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1 + g * kGroup));
+    const __m256i a0 = _mm256_sign_epi8(v0, v0), a1 = _mm256_sign_epi8(v1, v1);
+    for (int r = 0; r < R; ++r) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + r * K + g * kGroup));
+      const __m256 d = _mm256_set1_ps(dx[r * G + g]);
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, v0)), ones);
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(xv, v1)), ones);
+      acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), d, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), d, acc1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    out[r * ldo] = lane_sum(acc0[r]) * scale[0];
+    if (outs > 1) out[r * ldo + 1] = lane_sum(acc1[r]) * scale[1];
+  }
+}
+
+using Q8BlockRows = void (*)(const int8_t*, const float*, int64_t, const int8_t*, const int8_t*, const float*, int64_t, float*, int64_t);
+constexpr Q8BlockRows kQ8BlockRows[kHeadRows + 1] = {nullptr, q8_block_rows<1>, q8_block_rows<2>, q8_block_rows<3>, q8_block_rows<4>};
+
+// x [M, K] float32 (K a multiple of 32) by codes q [N, K] and scales [N] -> y [M, N].
+void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale, int64_t N, float* y) {
+  const int64_t G = K / kGroup;
+  std::vector<int8_t> qx(M * K);
+  std::vector<float> dx(M * G), sx(M * G);
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t g = 0; g < G; ++g) quantize_group(x + r * K + g * kGroup, qx.data() + r * K + g * kGroup, &dx[r * G + g], &sx[r * G + g]);
+  }
+  // 16 blocks (32 outputs) at least per task: torch's threads take contiguous ranges.
+  at::parallel_for(0, (N + kHeadOut - 1) / kHeadOut, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * kHeadOut, outs = std::min(kHeadOut, N - n0);
+      const int8_t* w0 = q + n0 * K;
+      const int8_t* w1 = outs > 1 ? w0 + K : w0;  // a short last block repeats its row
+      for (int64_t r0 = 0; r0 < M; r0 += kHeadRows) {
+        kQ8BlockRows[std::min(kHeadRows, M - r0)](qx.data() + r0 * K, dx.data() + r0 * G, K, w0, w1, scale + n0, outs, y + r0 * N + n0, N);
+      }
+    }
+  });
+}
+
+at::Tensor q8q8_mm(const at::Tensor& x_in, const at::Tensor& q, const at::Tensor& scales) {
+  check(x_in, q, "q8q8_mm");
+  TORCH_CHECK(q.scalar_type() == at::kChar, "q8q8_mm: q must be int8");
+  TORCH_CHECK(x_in.size(1) % kGroup == 0, "q8q8_mm: K must be a multiple of 32, got ", x_in.size(1));
+  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.size(0) == q.size(0),
+              "q8q8_mm: scales must be contiguous float32 [N]");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M > 0) q8q8_rows(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), scales.data_ptr<float>(), N, y.data_ptr<float>());
+  return y;
 }
 
 // ---- attention of a few query rows over a float32 cache. As pardec_q4::attention (AVX512,
@@ -674,6 +755,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
     }
   }
   if (w->codes.scalar_type() == at::kFloat) return product<float>(normed, w->codes, nullptr);
+  if (E % kGroup == 0) return q8q8_mm(normed, w->codes, w->scales);  // as `quant.Int8F32Head` multiplies
   return product<int8_t>(normed, w->codes, w->scales.data_ptr<float>());
 }
 
@@ -683,6 +765,7 @@ TORCH_LIBRARY(pardec_avx2, m) {
   m.def("f32_mm(Tensor x, Tensor w) -> Tensor");
   m.def("q8f32_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("q4q8_mm(Tensor x, Tensor w, int n) -> Tensor");
+  m.def("q8q8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scaling) -> Tensor");
   m.class_<LlamaWeights>("LlamaWeights")
       .def(torch::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>,
@@ -695,6 +778,7 @@ TORCH_LIBRARY_IMPL(pardec_avx2, CPU, m) {
   m.impl("f32_mm", &f32_mm);
   m.impl("q8f32_mm", &q8f32_mm);
   m.impl("q4q8_mm", &q4q8_mm);
+  m.impl("q8q8_mm", &q8q8_mm);
   m.impl("attention", &attention);
   m.impl("llama_step", &llama_step);
 }
