@@ -240,6 +240,21 @@ def test_q4q8_computes_q4_1_by_q8_products(avx2_dir: Path, rows: int) -> None:
     assert torch.equal(torch.ops.pardec_avx2.q4q8_mm(half, blocks, 64), torch.ops.pardec_avx2.q4q8_mm(half.float(), blocks, 64))
 
 
+def test_a_q4q8_layer_on_avx2_multiplies_a_long_prefill_on_the_kernel_too(avx2_dir: Path) -> None:
+    """The AVX2 products beat dequantizing plus a float32 GEMM at any prompt length: a
+    prefill of DENSE_FROM_ROWS rows gets the kernel's arithmetic, as a short one does."""
+    from tests.test_int4_kernels import codes
+
+    q, scale, minimum = codes(64, 96)
+    layer = quant.Int4Records.from_codes(q, scale, minimum, activations="float32")
+    assert layer is not None
+    x = torch.randn(DENSE_FROM_ROWS + 3, 96)
+    with torch.no_grad():
+        got = layer(x)
+    assert torch.equal(got, torch.ops.pardec_avx2.q4q8_mm(x, layer.blocks, 64))
+    assert torch.equal(got[:5], layer(x[:5]))  # rows alone: the same bits
+
+
 def test_q4q8_s_integer_sums_do_not_overflow_at_the_extremes(avx2_dir: Path) -> None:
     """Codes 15 by activation codes +-127 (a group of equal activations): the largest
     int16 partial sums VPMADDUBSW can produce here, still exact."""
