@@ -187,6 +187,14 @@ inline void quantize_group(const float* x, int8_t* q, float* d_out, float* s_out
   *s_out = lane_sum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
+// M rows x [M, K] (rows ldx apart) to their int8 groups: codes qx [M, K], d_x and s_x [M, K/32].
+inline void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* qx, float* dx, float* sx) {
+  const int64_t G = K / kGroup;
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t g = 0; g < G; ++g) quantize_group(x + r * ldx + g * kGroup, qx + r * K + g * kGroup, dx + r * G + g, sx + r * G + g);
+  }
+}
+
 // R rows (codes qx [R, K], d_x and s_x [R, G]) by one block's G records -> out [R, 16].
 template <int R>
 void q4_block_rows(const int8_t* qx, const float* dx, const float* sx, int64_t K, int64_t G, const uint8_t* w, float* out,
@@ -243,9 +251,7 @@ constexpr Q4BlockRows kQ4BlockRows[kMaxRows + 1] = {nullptr, q4_block_rows<1>, q
 void q4q8_rows(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w, int64_t n, float* out, int64_t ldo,
                int8_t* qx, float* dx, float* sx) {
   const int64_t G = K / kGroup, NB = n / kBlock;
-  for (int64_t r = 0; r < M; ++r) {
-    for (int64_t g = 0; g < G; ++g) quantize_group(x + r * ldx + g * kGroup, qx + r * K + g * kGroup, dx + r * G + g, sx + r * G + g);
-  }
+  quantize_rows(x, ldx, M, K, qx, dx, sx);
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t nb = b0; nb < b1; ++nb) {
       for (int64_t r0 = 0; r0 < M; r0 += kMaxRows) {
@@ -285,7 +291,7 @@ at::Tensor q4q8_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
 // Each (row, output) sums its groups in order, 8 lanes then the lanes: rows stay alone.
 
 constexpr int64_t kHeadOut = 2, kHeadRows = 4;
-// A block's 2 rows are 2 K bytes: each group prefetches one line 2 KB on, so a block
+// A block's 2 rows are 2 * K bytes: each group prefetches one line 2 KB on, so a block
 // fetches about the block two ahead (0, 2 and 4 KB measured: 2 best).
 constexpr int64_t kHeadPrefetch = 2048;
 
@@ -324,10 +330,8 @@ constexpr Q8BlockRows kQ8BlockRows[kHeadRows + 1] = {nullptr, q8_block_rows<1>, 
 void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale, int64_t N, float* y) {
   const int64_t G = K / kGroup;
   std::vector<int8_t> qx(M * K);
-  std::vector<float> dx(M * G), sx(M * G);
-  for (int64_t r = 0; r < M; ++r) {
-    for (int64_t g = 0; g < G; ++g) quantize_group(x + r * K + g * kGroup, qx.data() + r * K + g * kGroup, &dx[r * G + g], &sx[r * G + g]);
-  }
+  std::vector<float> dx(M * G), sx(M * G);  // s_x: unused here (no minimums)
+  quantize_rows(x, K, M, K, qx.data(), dx.data(), sx.data());
   // 16 blocks (32 outputs) at least per task: torch's threads take contiguous ranges.
   at::parallel_for(0, (N + kHeadOut - 1) / kHeadOut, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
