@@ -12,11 +12,16 @@ Parts, each independent (a failure is printed and the next part runs):
   the Python functions that rest is spent in (cProfile);
 - curve: one forward of k new tokens over a 300-token cache, eager (`LanguageModel`,
   dynamic cache) against compiled (`CompiledLanguageModel`), for SmolLM2-135M's and
-  Llama-3-8B's architectures with random bf16 weights (dense; int4 for the 8B), next to
-  the bandwidth floor of the bytes one forward reads (weights, the output head, the
-  cache).
+  Llama-3-8B's architectures with random bf16 weights (dense, int8, int8-dequant, int4),
+  next to the bandwidth floor of the bytes one forward reads (weights, the output head,
+  the cache).
+
+`--variants` runs the compiled steps under several sets of inductor options side by side
+(`VARIANTS`: the runner's own, CUDA graphs alone, with coordinate descent tuning), and
+`--exact-variant` the exact part under one of them.
 
     python -m devtools.cuda_check [--parts env,exact,loop,curve] [--device cuda] [--json FILE]
+        [--shapes smollm2-135m,llama3-8b,llama3-8b-8l] [--weights full,int4] [--variants runner,graphs]
 
 Random weights do not change a step's cost; they do change what drafts get accepted,
 which is why exactness runs on tiny models and speed-ups end to end need a real model
@@ -46,6 +51,32 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_key_value_heads=8, rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=False,
     ),
 }
+#: Llama-3-8B's layers and head, 8 of its 32 layers: a quarter of the compile time, the
+#: same kernels (4.5 GB a step in bf16, a quarter of it the output head).
+SHAPES["llama3-8b-8l"] = {**SHAPES["llama3-8b"], "num_hidden_layers": 8}
+
+#: Compile variants the curve and exact parts can run the runner's steps with: "runner"
+#: is the runner's own `compile_options`; the others are inductor options passed instead
+#: (mode "reduce-overhead" is {"triton.cudagraphs": True}).
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "runner": None,
+    "graphs": {"triton.cudagraphs": True},
+    "graphs+cdt": {"triton.cudagraphs": True, "coordinate_descent_tuning": True},
+}
+
+
+def variant_compile(variant: str) -> Any:
+    """The `compile_fn` a `CompiledLanguageModel` gets for `variant` (None: its own)."""
+    options = VARIANTS[variant]
+    if options is None:
+        return None
+
+    def compile_fn(fn: Any, **_: Any) -> Any:
+        import torch
+
+        return torch.compile(fn, fullgraph=True, options=dict(options))
+
+    return compile_fn
 
 
 def say(*parts: Any) -> None:
@@ -92,7 +123,7 @@ def part_env(device: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ exact
 
 
-def part_exact(device: str, limit: int = 40) -> dict[str, Any]:
+def part_exact(device: str, limit: int = 40, variant: str = "runner") -> dict[str, Any]:
     from pardec_cli.engine.loop import decode
     from pardec_cli.engine.model import LanguageModel
     from pardec_cli.engine.runner import CompiledLanguageModel
@@ -121,7 +152,8 @@ def part_exact(device: str, limit: int = 40) -> dict[str, Any]:
         prompt = random_prompt(seed)
         reference = hf_greedy(model, prompt, limit)
         notices: list[str] = []
-        targets = {"eager": LanguageModel(model), "compiled": CompiledLanguageModel(model, on_notice=notices.append)}
+        compiled = CompiledLanguageModel(model, on_notice=notices.append, compile_fn=variant_compile(variant))
+        targets = {"eager": LanguageModel(model), "compiled": compiled}
         vocab = model.config.vocab_size
 
         def load(spec: str, drafter: Any = drafter, vocab: int = vocab) -> tuple[Any, Any]:
@@ -157,7 +189,7 @@ def part_exact(device: str, limit: int = 40) -> dict[str, Any]:
         say(f"  {label} notices: {notices}")
     same = sum(1 for r in results.values() if isinstance(r, dict) and r.get("compiled", {}).get("same"))
     total = sum(1 for r in results.values() if isinstance(r, dict) and "compiled" in r)
-    say(f"exact: compiled runner equals HF generate() in {same} of {total} cases")
+    say(f"exact ({variant}): compiled runner equals HF generate() in {same} of {total} cases")
     return results
 
 
@@ -271,8 +303,34 @@ def _bytes_read(model: Any, context: int) -> int:
     return total
 
 
+def _dequant_int8(model: Any) -> int:
+    """Swap every `Int8Linear` for one computing x @ (q.to(x.dtype)).T * scale in torch ops,
+    gpt-fast's form: under coordinate descent tuning inductor turns a one-row product into
+    a reduction that reads the int8 codes directly (no `_weight_int8pack_mm`)."""
+    import torch
+
+    from pardec_cli.quant import Int8Linear
+
+    class DequantInt8Linear(Int8Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x2d = x.reshape(-1, self.in_features)
+            y = torch.nn.functional.linear(x2d, self.weight_int8.to(x2d.dtype)) * self.scales
+            return (y if self.bias is None else y + self.bias).reshape(*x.shape[:-1], self.out_features)
+
+    swapped = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is Int8Linear:
+            parent, _, child = name.rpartition(".")
+            new = DequantInt8Linear(module.weight_int8, module.scales, module.bias)
+            setattr(model.get_submodule(parent) if parent else model, child, new)
+            swapped += 1
+    return swapped
+
+
 def part_curve(device: str, shapes: list[str], weights: list[str], ks: list[int], context: int, repeats: int,
-               bandwidth: float | None, deadline: float) -> dict[str, Any]:  # fmt: skip
+               bandwidth: float | None, deadline: float, variants: list[str]) -> dict[str, Any]:  # fmt: skip
+    """Per shape and weight mode ("full", "int8", "int8-dequant", "int4"): the eager step
+    and the compiled one under each compile variant, interleaved k by k."""
     import torch
 
     from devtools.runner_speed import time_steps
@@ -280,42 +338,46 @@ def part_curve(device: str, shapes: list[str], weights: list[str], ks: list[int]
     from pardec_cli.engine.runner import CompiledLanguageModel
     from pardec_cli.quant import quantize_linears
 
-    def show(row: dict[str, Any]) -> None:
-        say(f"    k={row['k']:3d}  " + "  ".join(f"{n} {row[n][1]:8.3f} ms ({row[n][0]:.3f}-{row[n][2]:.3f})" for n in ("eager", "compiled")))
-
     results: dict[str, Any] = {}
     for shape in shapes:
         for mode in weights:
             if time() > deadline:
                 say(f"  {shape} {mode}: skipped (out of time)")
                 continue
-            if mode == "int4" and shape != "llama3-8b":
+            if mode == "int4" and not shape.startswith("llama3-8b"):
                 continue  # SmolLM2's 576-wide layers miss the CUDA int4 kernel's tile multiples
             key = f"{shape} bf16 {mode}"
             say(f"  {key}")
             try:
+                began = perf_counter()
                 model = _random_model(shape, device, torch.bfloat16)
-                replaced = quantize_linears(model, mode) if mode != "full" else 0
+                replaced = quantize_linears(model, "int8" if mode == "int8-dequant" else mode) if mode != "full" else 0
+                if mode == "int8-dequant":
+                    _dequant_int8(model)
                 notices: list[str] = []
-                compiled = CompiledLanguageModel(model, on_notice=notices.append)
-                t0 = perf_counter()
-                compiled.warm()
-                sync(device)
-                warm_s = perf_counter() - t0
-                lms = {"eager": LanguageModel(model), "compiled": compiled}
-                rows = time_steps(lms, context, ks, repeats, warmup=4, sync=lambda: sync(device), on_row=show)  # CUDA graph trees: warm-up, record, replay
+                lms: dict[str, Any] = {"eager": LanguageModel(model)}
+                for variant in variants:
+                    lms[variant] = CompiledLanguageModel(model, on_notice=notices.append, compile_fn=variant_compile(variant))
+
+                def show(row: dict[str, Any], names: tuple[str, ...] = tuple(lms)) -> None:
+                    say(f"    k={row['k']:3d}  " + "  ".join(f"{n} {row[n][1]:8.3f} ms ({row[n][0]:.3f}-{row[n][2]:.3f})" for n in names))
+
+                # Each graph compiles in its kind's first untimed round; CUDA graph trees warm
+                # up, record, then replay (4 untimed rounds).
+                rows = time_steps(lms, context, ks, repeats, warmup=4, sync=lambda: sync(device), on_row=show)
                 read = _bytes_read(model, context)
                 floor_ms = read / (bandwidth * 1e9) * 1000 if bandwidth else None
-                one = round(rows[0]["compiled"][1], 3) if rows and rows[0]["k"] == 1 else None
+                one = {v: round(rows[0][v][1], 3) for v in variants} if rows and rows[0]["k"] == 1 else {}
                 results[key] = {
                     "rows": rows, "bytes_read": read, "floor_ms": floor_ms, "quantized_layers": replaced,
-                    "warm_s": round(warm_s, 1), "notices": notices,
-                    "graphs": {k: s.failed for k, s in compiled.graph_states().items()},
+                    "seconds": round(perf_counter() - began, 1), "notices": notices,
+                    "graphs": {v: {k: (s.failed, s.compile_seconds and round(s.compile_seconds, 1))
+                                   for k, s in lms[v].graph_states().items()} for v in variants},
                 }  # fmt: skip
-                say(f"    bytes read {read / 1e6:.0f} MB; floor {floor_ms and round(floor_ms, 3)} ms; "
-                    f"compiled one-token {one} ms = {one and floor_ms and round(one / floor_ms, 2)}x floor; "
-                    f"compile (warm) {warm_s:.0f} s; graphs {results[key]['graphs']}; notices {notices}")
-                del model, compiled, lms
+                say(f"    bytes read {read / 1e6:.0f} MB; floor {floor_ms and round(floor_ms, 3)} ms; one-token "
+                    + ", ".join(f"{v} {ms} ms = {floor_ms and round(ms / floor_ms, 2)}x floor" for v, ms in one.items())
+                    + f"; {results[key]['seconds']} s; graphs {results[key]['graphs']}; notices {notices}")
+                del model, lms
             except Exception as exc:
                 traceback.print_exc()
                 results[key] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -330,7 +392,9 @@ def main() -> None:
     parser.add_argument("--methods", default="vanilla,pld,suffix,suffix+recycling", help="methods the loop part runs")
     parser.add_argument("--tokens", type=int, default=256, help="tokens per generation in the loop part")
     parser.add_argument("--shapes", default="smollm2-135m,llama3-8b")
-    parser.add_argument("--weights", default="full,int4")
+    parser.add_argument("--weights", default="full,int4", help="full, int8, int8-dequant, int4")
+    parser.add_argument("--variants", default="runner", help="compile variants: " + ", ".join(VARIANTS))
+    parser.add_argument("--exact-variant", default="runner", help="the compile variant of the exact part")
     parser.add_argument("--ks", default="1,2,4,8,16,32")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=30)
@@ -346,7 +410,7 @@ def main() -> None:
     if "exact" in parts:
         say("exact:")
         try:
-            report["exact"] = part_exact(args.device)
+            report["exact"] = part_exact(args.device, variant=args.exact_variant)
         except Exception as exc:
             traceback.print_exc()
             report["exact"] = {"error": str(exc)}
@@ -357,7 +421,8 @@ def main() -> None:
         say("curve:")
         bandwidth = report.get("env", {}).get("copy_gb_s")
         report["curve"] = part_curve(args.device, args.shapes.split(","), args.weights.split(","),
-                                     [int(k) for k in args.ks.split(",")], args.context, args.repeats, bandwidth, deadline)  # fmt: skip
+                                     [int(k) for k in args.ks.split(",")], args.context, args.repeats, bandwidth, deadline,
+                                     args.variants.split(","))  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     sys.exit(0)

@@ -59,6 +59,23 @@ def test_a_quantized_linear_multiplies_by_its_dequantized_weight(make, dtype) ->
     assert error <= step * (0.51 if dtype == torch.float32 else 0.8)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_int8_on_cuda_multiplies_in_torch_ops_as_the_packed_op_does(dtype) -> None:
+    # On CUDA, Int8Linear converts its codes in torch ops (`dequant_int8_mm`, which compiles
+    # into one reduction per one-row product) instead of `_weight_int8pack_mm`: the same
+    # product, scaled after the sum, as the packed op computes it here on the CPU.
+    torch.manual_seed(0)
+    layer = Int8Linear.from_weight(torch.randn(96, 128).to(dtype))
+    assert (layer.weight_int8.to(torch.bfloat16).float() == layer.weight_int8.float()).all()  # codes exact in bf16
+    for rows in (1, 4, 17):
+        x = torch.randn(rows, 128).to(dtype)
+        ours = quant.dequant_int8_mm(x, layer.weight_int8, layer.scales)
+        packed = torch.ops.aten._weight_int8pack_mm(x, layer.weight_int8, layer.scales)
+        assert ours.shape == (rows, 96) and ours.dtype == dtype
+        tolerance = 1e-5 if dtype == torch.float32 else 0.02
+        assert (ours.float() - packed.float()).abs().max().item() <= tolerance * packed.float().abs().max().item()
+
+
 def test_the_cpu_int4_layout_is_found_and_unpacks_to_exactly_the_kernel_s_weight() -> None:
     assert cpu_pack_block() is not None, "torch's CPU int4 packing changed layout: prefills lose the dense path"
     torch.manual_seed(0)

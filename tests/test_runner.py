@@ -75,7 +75,10 @@ def test_graph_kinds_one_token_a_few_tokens_more_tokens_and_eager_beyond():
 
 
 def test_compile_options_use_cuda_graphs_on_cuda_and_freezing_on_cpu():
-    assert compile_options("cuda")["mode"] == "reduce-overhead"
+    cuda = compile_options("cuda")
+    # CUDA graphs ("reduce-overhead" is this option), one-row products as tuned reductions
+    assert cuda["options"] == {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
+    assert "mode" not in cuda  # torch.compile takes a mode or options, not both
     cpu = compile_options("cpu")
     assert cpu["options"]["freezing"] is True and "mode" not in cpu
 

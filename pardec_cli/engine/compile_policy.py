@@ -7,9 +7,11 @@ from __future__ import annotations
 #: with `python -m devtools.runner_speed` (SmolLM2-135M, bf16, int4 weights, 2
 #: AVX512-bf16 cores, an empty compile cache: 131 s to compile the three graphs, 12.9 ->
 #: 6.2 ms per step: 19,600 tokens). CUDA: measured with `python -m devtools.cuda_check`
-#: (same architecture, bf16, one H200, 16 cores, torch 2.11: 114 s to compile the two
-#: graphs of then, 16.6 -> 2.6 ms per step: 8,100 tokens).
-BREAK_EVEN_TOKENS = {"cpu": 19_600, "cuda": 8_100}
+#: on one H200 (16 cores, torch 2.11, bf16, Llama-3-8B's layers and head, 8 of its layers:
+#: 64.8 s to compile the decode and verify graphs with `runner.CUDA_OPTIONS`, 5.62 -> 1.94
+#: ms per step: 17,600 tokens; without coordinate descent tuning 28.7 s and 2.14 ms, 8,250,
+#: as SmolLM2-135M's 8,100 the session before).
+BREAK_EVEN_TOKENS = {"cpu": 19_600, "cuda": 17_600}
 
 
 #: The same once an earlier run saved the model's precompiled steps (CPU): loading both,
