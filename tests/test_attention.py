@@ -85,3 +85,24 @@ def test_only_steps_on_pardec_s_attention_op_keep_eager_s_roundings():
     assert step_options(KERNEL_ATTENTION)["emulate_precision_casts"] is True
     assert "emulate_precision_casts" not in step_options(CPU_ATTENTION) and "emulate_precision_casts" not in step_options("eager")
     assert step_options(CPU_ATTENTION) == PRECOMPILE_OPTIONS
+
+
+@pytest.mark.parametrize("rows", [1, 40, 80])
+def test_without_a_mask_every_row_sees_only_the_tokens_up_to_its_own(rows):
+    """transformers leaves the mask out of an eager prefill without padding (SDPA then runs
+    causal): pardec's attention writes the causal mask out, or a prompt's rows would attend
+    to the tokens after them (they did, with no error, before)."""
+    from transformers import AttentionInterface
+
+    from pardec_cli.engine.attention import register
+
+    model = tiny_llama(3, vocab=96, layers=2, hidden=64)
+    ids = torch.randint(0, 96, (1, 80), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids[:, :rows]).logits  # SDPA, causal
+        register(CPU_ATTENTION)
+        assert CPU_ATTENTION in AttentionInterface._global_mapping
+        model.set_attn_implementation(CPU_ATTENTION)
+        got = model(ids[:, :rows]).logits
+        whole = model(ids).logits  # the first rows see no more than alone
+    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(whole[:, :rows], want, atol=1e-5)

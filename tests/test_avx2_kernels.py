@@ -530,6 +530,22 @@ def test_how_the_float32_attention_op_shares_out_its_rows_changes_no_bits(avx2_d
     assert torch.equal(pair[:1], results[0])
 
 
+def test_a_float32_model_on_the_kernels_attends_causally_however_long_its_prompt(avx2_dir: Path) -> None:
+    """An eager prefill longer than the op's MAX_ROWS goes to `cpu_attention` without a mask
+    from transformers: each row still sees only the tokens up to its own (`causal_mask`)."""
+    from pardec_cli.engine.attention import MAX_ROWS
+    from pardec_cli.engine.runner import use_row_exact_attention
+
+    model = tiny_llama(3, vocab=96, layers=2, hidden=64)
+    use_avx2(model)
+    assert use_row_exact_attention(model)
+    ids = torch.randint(0, 96, (1, MAX_ROWS + 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        short = model(ids[:, :40]).logits  # on the op
+        long = model(ids).logits  # past MAX_ROWS: the matmul path
+    assert torch.allclose(long[:, :40], short, atol=1e-4)
+
+
 def test_bad_float32_attention_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
     query, cache_k, cache_v, mask = float32_attention_inputs(2, 4, 2, 32, width=20)
     key, value = cache_k[:, :, :20], cache_v[:, :, :20]

@@ -95,14 +95,13 @@ def kernel_attention(
     loaded: the AVX512 library's for bfloat16, the AVX2 one's for float32): (output
     [B, q, H, D], no weights). Whatever the op does not take (more than
     MAX_ROWS rows, head sizes not a multiple of 16 or over 256, other dtypes, Gemma 2's
-    softcap) goes to `cpu_attention`. No mask (transformers' causal skip): the new rows are
-    the window's last, each seeing the keys up to its own."""
+    softcap) goes to `cpu_attention`."""
     if scaling is None:
         scaling = module.head_dim**-0.5
     dim, rows, width = query.shape[-1], query.shape[2], key.shape[2]
     if attention_mask is None and rows <= MAX_ROWS:
-        # transformers leaves out the mask where causality alone says it (an eager decoding
-        # step: the new rows are the window's last): the op takes it written out.
+        # A causal step given no mask (not from transformers' models, which build eager's
+        # mask for these attentions: `register`): the op takes it written out.
         seen = torch.arange(width, device=query.device) <= torch.arange(width - rows, width, device=query.device)[:, None]
         attention_mask = torch.zeros(rows, width, device=query.device).masked_fill(~seen, float("-inf"))[None, None]
     if (
@@ -119,8 +118,15 @@ def kernel_attention(
 
 def register(name: str = CPU_ATTENTION) -> str:
     """Register pardec's attention `name` (CPU_ATTENTION or KERNEL_ATTENTION) with
-    transformers (idempotent) and return the name."""
+    transformers (idempotent) and return the name.
+
+    With its mask: eager attention's (a 4-D additive mask, built for every step). An
+    attention registered alone gets SDPA's, which is left out where causality alone says it
+    (SDPA then runs with is_causal): a prompt's rows then saw the tokens after them in every
+    eager prefill past the op's MAX_ROWS (and in any on `cpu_attention`)."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(name, kernel_attention if name == KERNEL_ATTENTION else cpu_attention)
+    AttentionMaskInterface.register(name, eager_mask)
     return name
