@@ -530,6 +530,69 @@ def test_how_the_float32_attention_op_shares_out_its_rows_changes_no_bits(avx2_d
     assert torch.equal(pair[:1], results[0])
 
 
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_attention_over_a_float16_cache_is_the_float32_op_over_the_same_values(avx2_dir: Path, rows: int) -> None:
+    """q4q8 models keep their cache in float16 (`runner.kv_dtype`): the op widens each value
+    exactly, so its rows are the float32 op's over the rounded cache, bit for bit."""
+    query, cache_k, cache_v, mask = float32_attention_inputs(rows, 9, 3, 64, width=70)
+    k16, v16 = cache_k.half(), cache_v.half()
+    got = torch.ops.pardec_avx2.attention(query, k16[:, :, :70], v16[:, :, :70], mask, 0.125)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.ops.pardec_avx2.attention(query, k16[:, :, :70].float(), v16[:, :, :70].float(), mask, 0.125))
+    # Through transformers' interface too, and a prefill too long for the op widens the cache
+    # for `cpu_attention` (float32 queries, float16 keys and values).
+    from pardec_cli.engine.attention import MAX_ROWS, cpu_attention, kernel_attention
+
+    module = type("Attention", (), {"head_dim": 64})()
+    assert torch.equal(kernel_attention(module, query, k16[:, :, :70], v16[:, :, :70], mask, scaling=0.125)[0], got)
+    long_q, long_k, long_v, long_mask = float32_attention_inputs(MAX_ROWS + 6, 9, 3, 64, width=80)
+    long = kernel_attention(module, long_q, long_k.half()[:, :, :80], long_v.half()[:, :, :80], long_mask, scaling=0.125)[0]
+    want = cpu_attention(module, long_q, long_k.half()[:, :, :80].float(), long_v.half()[:, :, :80].float(), long_mask, scaling=0.125)[0]
+    assert long.dtype == torch.float32 and torch.equal(long, want)
+
+
+def test_the_native_step_rounds_the_rows_it_writes_to_a_float16_cache_as_torch_does(avx2_dir: Path) -> None:
+    from pardec_cli.engine.native import NativeStep
+    from pardec_cli.engine.runner import step_mask
+    from pardec_cli.engine.static_cache import StaticKVCache
+
+    model = native_llama()
+    cpu = torch.device("cpu")
+    wide = StaticKVCache(model.config, 64, dtype=torch.float32, device=cpu).buffers()
+    narrow = StaticKVCache(model.config, 64, dtype=torch.float16, device=cpu).buffers()
+    mask, positions = step_mask(0, 3, 64, None, dtype=torch.float32, device=cpu)
+    ids = torch.tensor([[5, 7, 11]])
+    # Each step object holds one cache. The first layer's keys and values are the same
+    # whatever the cache (later layers' differ: attention has read the rounded rows).
+    NativeStep(model)(ids, positions, mask, 0, wide, False)
+    NativeStep(model)(ids, positions, mask, 0, narrow, False)
+    (k32, v32), (k16, v16) = wide[0], narrow[0]
+    assert all(k.dtype == v.dtype == torch.float16 for k, v in narrow)
+    assert torch.equal(k16[:, :, :3], k32[:, :, :3].half()) and torch.equal(v16[:, :, :3], v32[:, :, :3].half())
+    assert k16[:, :, :3].abs().min() > 0 and k16[:, :, 3:].abs().sum() == 0  # 3 rows written, no more
+
+
+def test_the_runner_keeps_a_q4q8_model_s_cache_in_float16_and_others_in_their_dtype(
+    avx2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pardec_cli.engine import runner as runner_module
+    from pardec_cli.engine.runner import CompiledLanguageModel, kv_dtype, step_fingerprint
+
+    model = native_llama()
+    before = step_fingerprint(model)  # as the session asks, before a runner sets the attention
+    assert kv_dtype(model) == torch.float16
+    q4q8 = CompiledLanguageModel(model, compile_missing=False)
+    assert q4q8.kv_dtype == torch.float16 and q4q8.new_cache(16).buffers()[0][0].dtype == torch.float16
+    dense = tiny_llama(3, vocab=96, layers=2, hidden=64)
+    use_avx2(dense)  # float32 layers on the kernels: float32 stays exact to the model
+    assert CompiledLanguageModel(dense, compile_missing=False).kv_dtype == torch.float32
+    assert CompiledLanguageModel(tiny_llama(3, vocab=96, layers=2, hidden=64).bfloat16(), compile_missing=False).kv_dtype == torch.bfloat16
+    # The cache's buffers are inputs of a saved step: its dtype is in the step's fingerprint.
+    assert step_fingerprint(model) == before
+    monkeypatch.setattr(runner_module, "kv_dtype", lambda m: torch.float32)
+    assert step_fingerprint(model) != before
+
+
 def test_a_float32_model_on_the_kernels_attends_causally_however_long_its_prompt(avx2_dir: Path) -> None:
     """An eager prefill longer than the op's MAX_ROWS goes to `cpu_attention` without a mask
     from transformers: each row still sees only the tokens up to its own (`causal_mask`)."""
@@ -554,6 +617,10 @@ def test_bad_float32_attention_inputs_are_errors_not_crashes(avx2_dir: Path) -> 
         attention(query.bfloat16(), key, value, mask, 0.1)
     with pytest.raises(RuntimeError, match="float32"):
         attention(query, key, value, mask.bfloat16(), 0.1)
+    with pytest.raises(RuntimeError, match="both float32 or both float16"):
+        attention(query, key.half(), value, mask, 0.1)
+    with pytest.raises(RuntimeError, match="both float32 or both float16"):
+        attention(query, key.bfloat16(), value.bfloat16(), mask, 0.1)
     with pytest.raises(RuntimeError, match="shapes do not match"):
         attention(query, cache_k[:, :1, :20], value, mask, 0.1)
     with pytest.raises(RuntimeError, match="mask"):

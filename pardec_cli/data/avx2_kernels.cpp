@@ -8,8 +8,8 @@
 //                        as llama.cpp multiplies Q4_1 by Q8_1: --weights q4q8 on AVX2;
 //   pardec_avx2::q8q8_mm  int8 weights (one scale per output: the head's) by activations
 //                        quantized to int8 in groups of 32, as llama.cpp's Q8_0 by Q8_0;
-//   pardec_avx2::attention  a few query rows' attention over a float32 cache, each row
-//                        computed alone (engine/attention.py).
+//   pardec_avx2::attention  a few query rows' attention over a float32 or float16 cache,
+//                        each row computed alone (engine/attention.py).
 // Built at run time by torch.utils.cpp_extension (pardec_cli/kernels.py).
 //
 // For the few rows of a decoding or verifying step, torch's float32 mm (MKL) read the
@@ -368,6 +368,19 @@ at::Tensor q8q8_mm(const at::Tensor& x_in, const at::Tensor& q, const at::Tensor
 
 constexpr int64_t kMaxHeadDim = 256;
 
+// 8 cache values as float32 (`load8` above for a float32 cache): a float16 cache's widened
+// (exactly). A float16 cache halves the bytes attention reads (llama.cpp's default cache).
+inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// n (a multiple of 8) float32 values into cache rows: copied, or rounded to the nearest
+// float16 (ties to even, as torch's .to(torch.float16)).
+inline void store_row(float* dst, const float* src, int64_t n) { std::copy_n(src, n, dst); }
+inline void store_row(at::Half* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+
 // exp(x) for x <= 0: Cephes' expf polynomial (about 1 ulp), exactly 0 below -87.3 (and for
 // -inf), so masked keys weigh nothing.
 inline __m256 exp_nonpositive(__m256 x) {
@@ -409,23 +422,23 @@ constexpr int64_t kValueChunk = 16;
 // chain of FMAs over D then `lane_sums8`, then fma(score, scaling, mask) (a block past W
 // repeats the last key and drops those lanes); the output summed over the seen keys in key
 // order. `scores`: room for nq * (W rounded up to 8); `acc`: nq * D floats.
-template <int64_t kVecs>  // D / 8, or 0: any D (the head size as a constant keeps sums in registers)
-void attend_unit(const float* const* qs, int64_t nq, const float* k, const float* v, int64_t ldk, int64_t ldv,
+template <int64_t kVecs, typename T>  // D / 8, or 0: any D (the head size as a constant keeps sums in registers); T: the cache's float or at::Half
+void attend_unit(const float* const* qs, int64_t nq, const T* k, const T* v, int64_t ldk, int64_t ldv,
                  const float* const* masks, int64_t W, int64_t D, float scaling, float* scores, float* acc,
                  float* const* outs) {
   const int64_t vecs = kVecs ? kVecs : D / 8, padded = (W + kKeys - 1) / kKeys * kKeys;
   const __m256 scale = _mm256_set1_ps(scaling);
   for (int64_t w0 = 0; w0 < W; w0 += kKeys) {
-    const float* kw[kKeys];
+    const T* kw[kKeys];
     for (int64_t j = 0; j < kKeys; ++j) kw[j] = k + std::min(w0 + j, W - 1) * ldk;
     for (int64_t u = 0; u < nq; ++u) {
       const float* q = qs[u];
       __m256 dot[kKeys];
       const __m256 q0 = _mm256_loadu_ps(q);
-      for (int64_t j = 0; j < kKeys; ++j) dot[j] = _mm256_mul_ps(q0, _mm256_loadu_ps(kw[j]));
+      for (int64_t j = 0; j < kKeys; ++j) dot[j] = _mm256_mul_ps(q0, load8(kw[j]));
       for (int64_t i = 1; i < vecs; ++i) {
         const __m256 qi = _mm256_loadu_ps(q + 8 * i);
-        for (int64_t j = 0; j < kKeys; ++j) dot[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kw[j] + 8 * i), dot[j]);
+        for (int64_t j = 0; j < kKeys; ++j) dot[j] = _mm256_fmadd_ps(qi, load8(kw[j] + 8 * i), dot[j]);
       }
       __m256 m;
       if (w0 + kKeys <= W) {
@@ -461,8 +474,8 @@ void attend_unit(const float* const* qs, int64_t nq, const float* k, const float
         if (su[w] == 0.0f) continue;  // a masked key (or one too far below the best to count)
         total += su[w];
         const __m256 p = _mm256_set1_ps(su[w]);
-        const float* vw = v + w * ldv;
-        for (int64_t i = 0; i < vecs; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vw + 8 * i), o[i]);
+        const T* vw = v + w * ldv;
+        for (int64_t i = 0; i < vecs; ++i) o[i] = _mm256_fmadd_ps(p, load8(vw + 8 * i), o[i]);
       }
       totals[u] = total;
       for (int64_t i = 0; i < vecs; ++i) _mm256_storeu_ps(au + 8 * i, o[i]);
@@ -477,15 +490,15 @@ void attend_unit(const float* const* qs, int64_t nq, const float* k, const float
 // Attention of R rows' H heads over one sequence's keys and values (H_kv heads, W keys
 // each, head dimension D): `query(h, r)`, `mask(h, r)` and `output(h, r)` give each query's
 // pointers (its D values, its W mask entries, its D outputs).
-template <typename Query, typename Mask, typename Output>
-void attend_heads(int64_t H, int64_t Hkv, int64_t R, int64_t D, int64_t W, float scale, const float* k, const float* v,
+template <typename T, typename Query, typename Mask, typename Output>
+void attend_heads(int64_t H, int64_t Hkv, int64_t R, int64_t D, int64_t W, float scale, const T* k, const T* v,
                   int64_t k_head, int64_t v_head, int64_t ldk, int64_t ldv, Query query, Mask mask, Output output) {
   const int64_t groups = H / Hkv, per_kv = groups * R;
   // Units: a KV head's queries (its heads' rows) in chunks, about 2 units per thread (a
   // chunk only changes which queries share the loads, never a query's arithmetic).
   const int64_t chunk = std::max<int64_t>(1, std::min(per_kv, Hkv * per_kv / (2 * at::get_num_threads())));
   const int64_t chunks = (per_kv + chunk - 1) / chunk;
-  const auto attend = D == 64 ? attend_unit<8> : D == 128 ? attend_unit<16> : attend_unit<0>;
+  const auto attend = D == 64 ? attend_unit<8, T> : D == 128 ? attend_unit<16, T> : attend_unit<0, T>;
   at::parallel_for(0, Hkv * chunks, 1, [&](int64_t c0, int64_t c1) {
     const int64_t padded = (W + kKeys - 1) / kKeys * kKeys;
     std::vector<float> scores(chunk * padded), acc(chunk * D);
@@ -506,13 +519,15 @@ void attend_heads(int64_t H, int64_t Hkv, int64_t R, int64_t D, int64_t W, float
   });
 }
 
-// query [B, H, R, D], key and value [B, H_kv, W, D] (float32, each row contiguous), an
-// additive float32 mask [B, 1 or H, R, W] -> output [B, R, H, D] float32.
+// query [B, H, R, D] float32, key and value [B, H_kv, W, D] (both float32 or both float16,
+// each row contiguous), an additive float32 mask [B, 1 or H, R, W] -> output [B, R, H, D]
+// float32.
 at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask_in, double scaling) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && mask_in.dim() == 4, "attention: query, key, value and mask must be 4-D");
   TORCH_CHECK(query.device().is_cpu() && key.device().is_cpu() && value.device().is_cpu() && mask_in.device().is_cpu() &&
-              query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat && value.scalar_type() == at::kFloat &&
-              mask_in.scalar_type() == at::kFloat, "attention: query, key, value and mask must be float32 on a CPU");
+              query.scalar_type() == at::kFloat && mask_in.scalar_type() == at::kFloat &&
+              (key.scalar_type() == at::kFloat || key.scalar_type() == at::kHalf) && value.scalar_type() == key.scalar_type(),
+              "attention: query and mask must be float32, key and value both float32 or both float16, on a CPU");
   const int64_t B = query.size(0), H = query.size(1), R = query.size(2), D = query.size(3), Hkv = key.size(1), W = key.size(2);
   TORCH_CHECK(D % 8 == 0 && D <= kMaxHeadDim && Hkv > 0 && H % Hkv == 0 && key.size(0) == B && key.size(3) == D && value.sizes() == key.sizes() && W > 0,
               "attention: shapes do not match: query ", query.sizes(), ", key ", key.sizes(), ", value ", value.sizes());
@@ -524,16 +539,23 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
   const at::Tensor mask = mask_in.stride(3) == 1 ? mask_in : mask_in.contiguous();
   at::Tensor out = at::empty({B, R, H, D}, q.options());
   const int64_t mask_heads = mask.size(1);
-  for (int64_t b = 0; b < B; ++b) {
-    const float* qb = q.data_ptr<float>() + b * q.stride(0);
-    const float* mb = mask.data_ptr<float>() + b * mask.stride(0);
-    float* ob = out.data_ptr<float>() + b * R * H * D;
-    attend_heads(
-        H, Hkv, R, D, W, static_cast<float>(scaling), k.data_ptr<float>() + b * k.stride(0), v.data_ptr<float>() + b * v.stride(0),
-        k.stride(1), v.stride(1), k.stride(2), v.stride(2),
-        [&](int64_t h, int64_t r) { return qb + h * q.stride(1) + r * q.stride(2); },
-        [&](int64_t h, int64_t r) { return mb + (mask_heads == 1 ? 0 : h) * mask.stride(1) + r * mask.stride(2); },
-        [&](int64_t h, int64_t r) { return ob + (r * H + h) * D; });
+  auto run = [&](auto* kp, auto* vp) {  // the cache's element type: float or at::Half
+    for (int64_t b = 0; b < B; ++b) {
+      const float* qb = q.data_ptr<float>() + b * q.stride(0);
+      const float* mb = mask.data_ptr<float>() + b * mask.stride(0);
+      float* ob = out.data_ptr<float>() + b * R * H * D;
+      attend_heads(
+          H, Hkv, R, D, W, static_cast<float>(scaling), kp + b * k.stride(0), vp + b * v.stride(0),
+          k.stride(1), v.stride(1), k.stride(2), v.stride(2),
+          [&](int64_t h, int64_t r) { return qb + h * q.stride(1) + r * q.stride(2); },
+          [&](int64_t h, int64_t r) { return mb + (mask_heads == 1 ? 0 : h) * mask.stride(1) + r * mask.stride(2); },
+          [&](int64_t h, int64_t r) { return ob + (r * H + h) * D; });
+    }
+  };
+  if (k.scalar_type() == at::kHalf) {
+    run(k.data_ptr<at::Half>(), v.data_ptr<at::Half>());
+  } else {
+    run(k.data_ptr<float>(), v.data_ptr<float>());
   }
   return out;
 }
@@ -563,7 +585,7 @@ struct LlamaWeights : torch::CustomClassHolder {
   int64_t heads, kv_heads, head_dim, inter;
   double eps, scaling;
   // The KV cache the steps write and read (`set_cache`): one [1, H_kv, C, D] pair per cache
-  // layer. Held here rather than passed per step: a step's arguments stay few (torch's
+  // layer, float32 or float16 (the new rows rounded to it as they are written). Held here rather than passed per step: a step's arguments stay few (torch's
   // Python dispatch scans every argument of an op that takes a class, per call).
   std::vector<at::Tensor> keys, values;
 
@@ -617,11 +639,12 @@ struct LlamaWeights : torch::CustomClassHolder {
       TORCH_CHECK(l >= 0 && l < static_cast<int64_t>(keys_.size()), "set_cache: no cache layer ", l, " among ", keys_.size());
     }
     const int64_t C = keys_[0].dim() == 4 ? keys_[0].size(2) : -1;
+    const at::ScalarType dtype = keys_[0].scalar_type();
     for (size_t i = 0; i < keys_.size(); ++i) {
       for (const at::Tensor* t : {&keys_[i], &values_[i]}) {
         TORCH_CHECK(t->dim() == 4 && t->size(0) == 1 && t->size(1) == kv_heads && t->size(2) == C && t->size(3) == head_dim &&
-                    t->scalar_type() == at::kFloat && t->is_contiguous() && t->device().is_cpu(),
-                    "set_cache: cache buffers must be contiguous float32 [1, H_kv, C, D], all of one capacity");
+                    (dtype == at::kFloat || dtype == at::kHalf) && t->scalar_type() == dtype && t->is_contiguous() && t->device().is_cpu(),
+                    "set_cache: cache buffers must be contiguous [1, H_kv, C, D], all float32 or all float16, all of one capacity");
       }
     }
     keys = std::move(keys_);
@@ -720,8 +743,6 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor* t = w->layers.data() + 6 * l;
     const int64_t cl = w->cache_layer[l];  // within keys: set_cache checked it
-    float* kc = keys[cl].data_ptr<float>();
-    float* vc = values[cl].data_ptr<float>();
     for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, t[0].data_ptr<float>(), E, eps, xn.data() + r * E);
     q4q8_rows(xn.data(), E, R, E, t[1].data_ptr<uint8_t>(), QKV, qkv.data(), QKV, qx.data(), dx, sx);
     for (int64_t r = 0; r < R; ++r) {
@@ -729,16 +750,26 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
       const float* c = cos.data_ptr<float>() + pos[r] * D;
       const float* s = sin.data_ptr<float>() + pos[r] * D;
       for (int64_t h = 0; h < H + Hkv; ++h) rope(row + h * D, c, s, D);  // the q heads, then the k heads
-      for (int64_t h = 0; h < Hkv; ++h) {  // the new keys and values into the cache
-        std::copy_n(row + Q + h * D, D, kc + (h * C + start + r) * D);
-        std::copy_n(row + Q + KV + h * D, D, vc + (h * C + start + r) * D);
-      }
     }
-    attend_heads(
-        H, Hkv, R, D, W, static_cast<float>(w->scaling), kc, vc, C * D, C * D, D, D,
-        [&](int64_t h, int64_t r) { return qkv.data() + r * QKV + h * D; },
-        [&](int64_t, int64_t r) { return mp + r * W; },
-        [&](int64_t h, int64_t r) { return att.data() + r * Q + h * D; });
+    auto write_and_attend = [&](auto* kc, auto* vc) {  // the cache's element type: float or at::Half
+      for (int64_t r = 0; r < R; ++r) {
+        const float* row = qkv.data() + r * QKV;
+        for (int64_t h = 0; h < Hkv; ++h) {  // the new keys and values into the cache
+          store_row(kc + (h * C + start + r) * D, row + Q + h * D, D);
+          store_row(vc + (h * C + start + r) * D, row + Q + KV + h * D, D);
+        }
+      }
+      attend_heads(
+          H, Hkv, R, D, W, static_cast<float>(w->scaling), kc, vc, C * D, C * D, D, D,
+          [&](int64_t h, int64_t r) { return qkv.data() + r * QKV + h * D; },
+          [&](int64_t, int64_t r) { return mp + r * W; },
+          [&](int64_t h, int64_t r) { return att.data() + r * Q + h * D; });
+    };
+    if (keys[cl].scalar_type() == at::kHalf) {
+      write_and_attend(keys[cl].data_ptr<at::Half>(), values[cl].data_ptr<at::Half>());
+    } else {
+      write_and_attend(keys[cl].data_ptr<float>(), values[cl].data_ptr<float>());
+    }
     q4q8_rows(att.data(), Q, R, Q, t[2].data_ptr<uint8_t>(), E, tmp.data(), E, qx.data(), dx, sx);
     for (int64_t i = 0; i < R * E; ++i) x[i] += tmp[i];
     for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, t[3].data_ptr<float>(), E, eps, xn.data() + r * E);

@@ -92,10 +92,10 @@ def kernel_attention(
     dropout: float = 0.0, scaling: float | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface on pardec's attention op (the kernels must be
-    loaded: the AVX512 library's for bfloat16, the AVX2 one's for float32): (output
-    [B, q, H, D], no weights). Whatever the op does not take (more than
-    MAX_ROWS rows, head sizes not a multiple of 16 or over 256, other dtypes, Gemma 2's
-    softcap) goes to `cpu_attention`."""
+    loaded: the AVX512 library's for bfloat16, the AVX2 one's for float32 queries over a
+    float32 or float16 cache): (output [B, q, H, D], no weights). Whatever the op does not
+    take (more than MAX_ROWS rows, head sizes not a multiple of 16 or over 256, other
+    dtypes, Gemma 2's softcap) goes to `cpu_attention`."""
     if scaling is None:
         scaling = module.head_dim**-0.5
     dim, rows, width = query.shape[-1], query.shape[2], key.shape[2]
@@ -106,12 +106,15 @@ def kernel_attention(
         attention_mask = torch.zeros(rows, width, device=query.device).masked_fill(~seen, float("-inf"))[None, None]
     if (
         rows <= MAX_ROWS and dim % 16 == 0 and dim <= 256 and attention_mask is not None
-        and attention_mask.dim() == 4 and kwargs.get("softcap") is None and query.dtype == key.dtype == value.dtype
+        and attention_mask.dim() == 4 and kwargs.get("softcap") is None and key.dtype == value.dtype
     ):  # fmt: skip
-        if query.dtype == torch.bfloat16 and attention_mask.dtype in (torch.bfloat16, torch.float32):
+        if query.dtype == key.dtype == torch.bfloat16 and attention_mask.dtype in (torch.bfloat16, torch.float32):
             return torch.ops.pardec_q4.attention(query, key, value, attention_mask, scaling), None
-        if query.dtype == torch.float32 and attention_mask.dtype == torch.float32:  # the AVX2 library's
+        if query.dtype == torch.float32 and key.dtype in (torch.float32, torch.float16) and attention_mask.dtype == torch.float32:
+            # the AVX2 library's, over a float32 cache or a float16 one (`runner.kv_dtype`)
             return torch.ops.pardec_avx2.attention(query, key, value, attention_mask, scaling), None
+    if key.dtype != query.dtype:  # a float16 cache under float32 queries: a long prefill's rows
+        key, value = key.to(query.dtype), value.to(query.dtype)
     output, _ = cpu_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     return output, None
 

@@ -158,6 +158,18 @@ def runner_attention(model: Any, amx: bool | None = None) -> str:
     return attention
 
 
+def kv_dtype(model: Any) -> torch.dtype:
+    """The dtype of the runner's KV cache for `model`: float16 for q4q8
+    layers in float32 on pardec's AVX2 kernels, as llama.cpp keeps its cache beside the same
+    arithmetic: attention reads half the bytes (SmolLM2-135M at 300 tokens: 14.7 MB a step
+    in float32, the largest read after the weights' 95 MB; docs/runner.md); elsewhere the
+    model's dtype. The rows are rounded once, as they are written, by every step alike."""
+    first = next(model.parameters())
+    if first.device.type == "cpu" and first.dtype == torch.float32 and weights_label(model) == "q4q8" and runner_attention(model) == KERNEL_ATTENTION:
+        return torch.float16
+    return first.dtype
+
+
 def use_row_exact_attention(model: Any) -> bool:
     """For eager steps: where `runner_attention` gives float32 layers on pardec's AVX2
     kernels pardec's attention op, set it on the model as the compiled runner does, so a
@@ -203,6 +215,9 @@ def step_fingerprint(model: Any) -> str:
     facts = [STEP_FORMAT, config, attention, str(first.dtype), first.device.type, layout, versions, PRECOMPILE_OPTIONS, MERGE_SHARED_PRODUCTS, isa]
     if attention == KERNEL_ATTENTION:
         facts.append(EXACT_ROW_OPTIONS)
+    cache = kv_dtype(model)
+    if cache != first.dtype:  # the cache's buffers are graph inputs (a step saved over float32 ones must not load)
+        facts.append(f"cache {cache}")
     ours = sorted({a for m in model.modules() if (a := own_kernel_activations(m)) is not None})
     if ours:  # the graph calls pardec's own kernels
         libraries = {kernels.AVX2 if a == "float32" else kernels.AVX512 for a in ours}
@@ -348,6 +363,7 @@ class CompiledLanguageModel(LanguageModel):
         # Layers that round their activations to int8 (q4q8): a fused kernel's last-bit
         # difference flips some of those roundings, so a loaded step is checked as in 16 bits.
         self._rounds_activations = weights_label(model) == "q4q8"
+        self.kv_dtype = kv_dtype(model)
         # Where the model is what pardec's AVX2 library computes as one call per step
         # (`engine.native`), that call replaces the graphs: nothing to compile. `native`
         # False keeps the graphs (tests of the graphs themselves).
@@ -363,7 +379,7 @@ class CompiledLanguageModel(LanguageModel):
         owner, buffers = self._spare.get(capacity, (None, None))
         if owner is not None and owner() is not None:
             buffers = None  # still in use (a chat's cache, a second generation at once)
-        cache = StaticKVCache(self.config, capacity, dtype=self.dtype, device=self.device, buffers=buffers)
+        cache = StaticKVCache(self.config, capacity, dtype=self.kv_dtype, device=self.device, buffers=buffers)
         if buffers is not None or owner is None:
             self._spare[capacity] = (weakref.ref(cache), cache.buffers())
         return cache

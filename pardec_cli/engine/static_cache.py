@@ -69,9 +69,11 @@ class StaticLayerKV(CacheLayerMixin):
         # key_states: [1, H_kv, q, D] -> rows slots.positions of the buffers; attention
         # reads the first W rows (the window), the mask hiding the unfilled ones: it does
         # not pay for the empty tail of a cache sized for a long generation.
+        # A cache kept in another dtype than the model's (float16 for q4q8 layers: the runner's
+        # `kv_dtype`) rounds the rows as they are written, as the native step does.
         positions = self.slots.positions
-        self.keys.index_copy_(2, positions, key_states)
-        self.values.index_copy_(2, positions, value_states)
+        self.keys.index_copy_(2, positions, key_states.to(self.keys.dtype))
+        self.values.index_copy_(2, positions, value_states.to(self.values.dtype))
         window = self.slots.window
         if window is None:
             return self.keys, self.values
