@@ -102,9 +102,7 @@ def dequant_int8_mm(x2d: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) ->
     torch ops (exact: |q| <= 127 fits bfloat16's mantissa): `Int8Linear` on CUDA. Compiled
     with coordinate descent tuning (`engine.runner.CUDA_OPTIONS`), a one-row product becomes
     one reduction reading the int8 codes (gpt-fast's form); CUDA's ``_weight_int8pack_mm``
-    was 6.5x slower for one row. H200, Llama-3-8B's layers (8 of them) and head, compiled:
-    one token 15.6 ms on that op, 2.39 ms this way (bfloat16 weights: 1.94 ms); 4 rows 23.4
-    and 4.62 ms (2.73)."""
+    was 6.5x slower for one row (docs/runner.md, "On a GPU")."""
     return nn.functional.linear(x2d, q.to(x2d.dtype)) * scales
 
 

@@ -100,8 +100,8 @@ WINDOW_ROWS = 64
 #: Inductor options of the CUDA steps: CUDA graphs (mode "reduce-overhead": the step is
 #: launch-bound there) and coordinate descent tuning, under which inductor writes a one-row
 #: product as a tuned reduction instead of calling cuBLAS (and fuses int8 weights' dequantizing
-#: into it). H200, Llama-3-8B's layers and head (8 of its layers), bf16: one-token step 2.14 ->
-#: 1.94 ms, 4 rows 2.94 -> 2.73 ms; compiling both graphs 29 -> 65 s (docs/runner.md, "On a GPU").
+#: into it): on an H200 the one-token step 9% faster (SmolLM2-135M 29%), compiling 2.3x longer
+#: (docs/runner.md, "On a GPU").
 CUDA_OPTIONS: dict[str, Any] = {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
 
 
