@@ -12,7 +12,7 @@ Parts, each independent (a failure is printed and the next part runs):
   the Python functions that rest is spent in (cProfile);
 - curve: one forward of k new tokens over a 300-token cache, eager (`LanguageModel`,
   dynamic cache) against compiled (`CompiledLanguageModel`), for SmolLM2-135M's and
-  Llama-3-8B's architectures with random bf16 weights (dense, int8, int8-dequant, int4),
+  Llama-3-8B's architectures with random bf16 weights (dense, int8, int4),
   next to the bandwidth floor of the bytes one forward reads (weights, the output head,
   the cache).
 
@@ -303,33 +303,9 @@ def _bytes_read(model: Any, context: int) -> int:
     return total
 
 
-def _dequant_int8(model: Any) -> int:
-    """Swap every `Int8Linear` for one computing x @ (q.to(x.dtype)).T * scale in torch ops,
-    gpt-fast's form: under coordinate descent tuning inductor turns a one-row product into
-    a reduction that reads the int8 codes directly (no `_weight_int8pack_mm`)."""
-    import torch
-
-    from pardec_cli.quant import Int8Linear
-
-    class DequantInt8Linear(Int8Linear):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x2d = x.reshape(-1, self.in_features)
-            y = torch.nn.functional.linear(x2d, self.weight_int8.to(x2d.dtype)) * self.scales
-            return (y if self.bias is None else y + self.bias).reshape(*x.shape[:-1], self.out_features)
-
-    swapped = 0
-    for name, module in list(model.named_modules()):
-        if type(module) is Int8Linear:
-            parent, _, child = name.rpartition(".")
-            new = DequantInt8Linear(module.weight_int8, module.scales, module.bias)
-            setattr(model.get_submodule(parent) if parent else model, child, new)
-            swapped += 1
-    return swapped
-
-
 def part_curve(device: str, shapes: list[str], weights: list[str], ks: list[int], context: int, repeats: int,
                bandwidth: float | None, deadline: float, variants: list[str]) -> dict[str, Any]:  # fmt: skip
-    """Per shape and weight mode ("full", "int8", "int8-dequant", "int4"): the eager step
+    """Per shape and weight mode ("full", "int8", "int4"): the eager step
     and the compiled one under each compile variant, interleaved k by k."""
     import torch
 
@@ -351,9 +327,7 @@ def part_curve(device: str, shapes: list[str], weights: list[str], ks: list[int]
             try:
                 began = perf_counter()
                 model = _random_model(shape, device, torch.bfloat16)
-                replaced = quantize_linears(model, "int8" if mode == "int8-dequant" else mode) if mode != "full" else 0
-                if mode == "int8-dequant":
-                    _dequant_int8(model)
+                replaced = quantize_linears(model, mode) if mode != "full" else 0
                 notices: list[str] = []
                 lms: dict[str, Any] = {"eager": LanguageModel(model)}
                 for variant in variants:
@@ -392,7 +366,7 @@ def main() -> None:
     parser.add_argument("--methods", default="vanilla,pld,suffix,suffix+recycling", help="methods the loop part runs")
     parser.add_argument("--tokens", type=int, default=256, help="tokens per generation in the loop part")
     parser.add_argument("--shapes", default="smollm2-135m,llama3-8b")
-    parser.add_argument("--weights", default="full,int4", help="full, int8, int8-dequant, int4")
+    parser.add_argument("--weights", default="full,int4", help="full, int8, int4")
     parser.add_argument("--variants", default="runner", help="compile variants: " + ", ".join(VARIANTS))
     parser.add_argument("--exact-variant", default="runner", help="the compile variant of the exact part")
     parser.add_argument("--ks", default="1,2,4,8,16,32")
