@@ -28,8 +28,8 @@ records of ``q4q8_mm`` above by int8 activation groups with AVX2's byte products
 ``--weights q4q8`` (and auto, for GGUF 4-bit models in float32) uses there;
 ``pardec_avx2::q8q8_mm``, the int8 head's codes by int8 activation groups (the head of
 such models: ``quant.Int8F32Head``); and ``pardec_avx2::attention``, each query row's
-attention over a float32 cache alone, what float32 models on this library attend with
-(``engine.attention``).
+attention over a float32 or float16 cache alone, what float32 models on this library
+attend with (``engine.attention``).
 It also holds ``pardec_avx2::llama_step``, a Llama decoder's whole step on those ops in one
 call (``engine.native``): what the runner runs instead of its compiled graphs where a model
 is exactly that (q4q8 layers in float32).

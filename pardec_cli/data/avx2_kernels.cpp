@@ -381,6 +381,17 @@ inline void store_row(at::Half* dst, const float* src, int64_t n) {
   }
 }
 
+// f(keys, values) with the cache's element pointers: at::Half* for a float16 cache, else
+// float* (the callers checked that key and value share a dtype, one of the two).
+template <typename F>
+void with_cache(const at::Tensor& key, const at::Tensor& value, F&& f) {
+  if (key.scalar_type() == at::kHalf) {
+    f(key.data_ptr<at::Half>(), value.data_ptr<at::Half>());
+  } else {
+    f(key.data_ptr<float>(), value.data_ptr<float>());
+  }
+}
+
 // exp(x) for x <= 0: Cephes' expf polynomial (about 1 ulp), exactly 0 below -87.3 (and for
 // -inf), so masked keys weigh nothing.
 inline __m256 exp_nonpositive(__m256 x) {
@@ -539,7 +550,7 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
   const at::Tensor mask = mask_in.stride(3) == 1 ? mask_in : mask_in.contiguous();
   at::Tensor out = at::empty({B, R, H, D}, q.options());
   const int64_t mask_heads = mask.size(1);
-  auto run = [&](auto* kp, auto* vp) {  // the cache's element type: float or at::Half
+  with_cache(k, v, [&](auto* kp, auto* vp) {
     for (int64_t b = 0; b < B; ++b) {
       const float* qb = q.data_ptr<float>() + b * q.stride(0);
       const float* mb = mask.data_ptr<float>() + b * mask.stride(0);
@@ -551,12 +562,7 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
           [&](int64_t h, int64_t r) { return mb + (mask_heads == 1 ? 0 : h) * mask.stride(1) + r * mask.stride(2); },
           [&](int64_t h, int64_t r) { return ob + (r * H + h) * D; });
     }
-  };
-  if (k.scalar_type() == at::kHalf) {
-    run(k.data_ptr<at::Half>(), v.data_ptr<at::Half>());
-  } else {
-    run(k.data_ptr<float>(), v.data_ptr<float>());
-  }
+  });
   return out;
 }
 
@@ -585,8 +591,9 @@ struct LlamaWeights : torch::CustomClassHolder {
   int64_t heads, kv_heads, head_dim, inter;
   double eps, scaling;
   // The KV cache the steps write and read (`set_cache`): one [1, H_kv, C, D] pair per cache
-  // layer, float32 or float16 (the new rows rounded to it as they are written). Held here rather than passed per step: a step's arguments stay few (torch's
-  // Python dispatch scans every argument of an op that takes a class, per call).
+  // layer, float32 or float16 (the new rows rounded to it as they are written). Held here
+  // rather than passed per step: a step's arguments stay few (torch's Python dispatch
+  // scans every argument of an op that takes a class, per call).
   std::vector<at::Tensor> keys, values;
 
   LlamaWeights(std::vector<at::Tensor> layers_, at::Tensor embed_, at::Tensor final_norm_, at::Tensor smooth_,
@@ -751,7 +758,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
       const float* s = sin.data_ptr<float>() + pos[r] * D;
       for (int64_t h = 0; h < H + Hkv; ++h) rope(row + h * D, c, s, D);  // the q heads, then the k heads
     }
-    auto write_and_attend = [&](auto* kc, auto* vc) {  // the cache's element type: float or at::Half
+    with_cache(keys[cl], values[cl], [&](auto* kc, auto* vc) {
       for (int64_t r = 0; r < R; ++r) {
         const float* row = qkv.data() + r * QKV;
         for (int64_t h = 0; h < Hkv; ++h) {  // the new keys and values into the cache
@@ -764,12 +771,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
           [&](int64_t h, int64_t r) { return qkv.data() + r * QKV + h * D; },
           [&](int64_t, int64_t r) { return mp + r * W; },
           [&](int64_t h, int64_t r) { return att.data() + r * Q + h * D; });
-    };
-    if (keys[cl].scalar_type() == at::kHalf) {
-      write_and_attend(keys[cl].data_ptr<at::Half>(), values[cl].data_ptr<at::Half>());
-    } else {
-      write_and_attend(keys[cl].data_ptr<float>(), values[cl].data_ptr<float>());
-    }
+    });
     q4q8_rows(att.data(), Q, R, Q, t[2].data_ptr<uint8_t>(), E, tmp.data(), E, qx.data(), dx, sx);
     for (int64_t i = 0; i < R * E; ++i) x[i] += tmp[i];
     for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, t[3].data_ptr<float>(), E, eps, xn.data() + r * E);
