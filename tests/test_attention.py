@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from pardec_cli.engine.attention import CPU_ATTENTION, KERNEL_ATTENTION, REDUCE_ROWS, attend, cpu_attention
+from pardec_cli.engine.attention import CPU_ATTENTION, KERNEL_ATTENTION, MAX_ROWS, REDUCE_ROWS, attend, cpu_attention
 from pardec_cli.engine.runner import PRECOMPILE_OPTIONS, CompiledLanguageModel, runner_attention, step_options
 from tests.tiny_models import tiny_llama
 
@@ -56,6 +56,29 @@ def test_gemma2_softcap_and_the_default_scaling_as_in_its_eager_attention(produc
     assert torch.allclose(got, expected, atol=1e-5)
     uncapped, _ = eager_attention_forward(module, query, key, value, None, scaling=0.25)
     assert not torch.allclose(got, uncapped, atol=1e-3)
+
+
+# A prompt's rows (more than any step verifies) go to torch's fused attention: the same
+# math, in float32 and bfloat16, with a cached prefix, and with no mask at all.
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("start", [0, 7])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3)])
+def test_a_prefill_is_eager_attention_fused(dtype, atol, start, heads, kv_heads):
+    generator = torch.Generator().manual_seed(start + heads)
+    rows, dim = MAX_ROWS + 6, 16
+    width = start + rows + 10  # a window past the rows written so far
+    query = torch.randn(1, heads, rows, dim, generator=generator)
+    key = torch.randn(1, kv_heads, width, dim, generator=generator)
+    value = torch.randn(1, kv_heads, width, dim, generator=generator)
+    seen = torch.arange(width) <= torch.arange(start, start + rows)[:, None]  # causal after the prefix
+    mask = torch.zeros(rows, width).masked_fill(~seen, torch.finfo(torch.float32).min)[None, None]
+    module = _Module(heads // kv_heads)
+    expected, _ = eager_attention_forward(module, query, key, value, mask, scaling=0.25)
+    got, weights = cpu_attention(module, query.to(dtype), key.to(dtype), value.to(dtype), mask, scaling=0.25)
+    assert weights is None and got.dtype == dtype and got.shape == expected.shape == (1, rows, heads, dim)
+    assert torch.allclose(got.float(), expected, atol=atol)
+    unmasked, _ = eager_attention_forward(module, query, key, value, None, scaling=0.25)
+    assert torch.allclose(cpu_attention(module, query, key, value, None, scaling=0.25)[0], unmasked, atol=1e-5)
 
 
 def test_products_only_inside_a_compiled_step_of_a_few_rows(monkeypatch):

@@ -35,7 +35,7 @@ REDUCE_ROWS = 8
 #: pardec's attention op (the kernels' `pardec_q4::attention`), registered with transformers.
 KERNEL_ATTENTION = "pardec_kernel"
 #: Up to this many query rows (a decoding or verifying step) the op serves; a longer
-#: prefill multiplies with `matmul`.
+#: prefill goes to torch's fused attention (`prefill_attention`).
 MAX_ROWS = 64
 
 
@@ -49,8 +49,28 @@ def cpu_attention(
     compiled step (see `attend`)."""
     if scaling is None:
         scaling = module.head_dim**-0.5
+    if query.shape[2] > MAX_ROWS and kwargs.get("softcap") is None:
+        return prefill_attention(query, key, value, attention_mask, scaling), None
     products = query.shape[2] <= REDUCE_ROWS and torch.compiler.is_compiling()
     return attend(query, key, value, attention_mask, scaling, products=products, softcap=kwargs.get("softcap"))
+
+
+def prefill_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+) -> torch.Tensor:
+    """A prompt's attention (more rows than any decoding step verifies): query [B, H, q, D],
+    key and value [B, H_kv, W, D], an additive mask [B, 1, q, W] or None -> output [B, q, H, D].
+
+    torch's fused attention (blocks of keys, an online softmax, key-value heads read in
+    place) instead of eager's `matmul`, which wrote out every score and copied each
+    key-value head per query head (docs/runner.md, session 24). Every method's reply starts
+    from the same prefill, so its arithmetic need not be a decoding step's."""
+    if mask is not None and mask.dtype != query.dtype:
+        mask = mask.to(query.dtype)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1],
+    )
+    return output.transpose(1, 2).contiguous()
 
 
 def attend(
