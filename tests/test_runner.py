@@ -118,6 +118,15 @@ def test_a_chain_mask_is_causal():
     assert positions.tolist() == [[3, 4, 5, 6]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decoding_step_mask_is_a_one_row_chain(dtype):
+    for past, width in [(0, 64), (7, 32), (31, 32)]:
+        mask, positions = step_mask(past, 1, width, None, dtype=dtype, device=torch.device("cpu"))
+        as_tree = step_mask(past, 1, width, [], dtype=dtype, device=torch.device("cpu"))  # the general path
+        assert mask.dtype == dtype and torch.equal(mask, as_tree[0]) and torch.equal(positions, as_tree[1])
+        assert positions.tolist() == [[past]] and (mask[0, 0, 0] == 0).tolist() == [i <= past for i in range(width)]
+
+
 def test_padded_rows_see_the_cache_and_themselves_and_take_the_next_positions():
     mask, positions = step_mask(3, 3, 16, None, dtype=torch.float32, device=torch.device("cpu"), padding=2)
     seen = mask[0, 0] == 0

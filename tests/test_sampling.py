@@ -58,6 +58,10 @@ def test_greedy_token_is_the_first_of_tied_maxima_as_in_generate(dtype):
     assert greedy_token(logits) == 7
     logits[300] = 5.5
     assert greedy_token(logits) == 300
+    assert greedy_token(logits[::2]) == 150  # a strided row
+    logits[[900, 1200]] = float("nan")  # as torch's argmax: the first NaN, above everything
+    assert greedy_token(logits) == int(logits.float().argmax()) == 900
+    assert greedy_token(torch.full((4,), float("-inf"), dtype=dtype)) == 0
 
 
 def test_sample_from_follows_the_distribution_and_never_draws_an_impossible_token():

@@ -27,9 +27,14 @@ def make_generator(params: SamplingParams, device: torch.device | str) -> torch.
 
 
 def greedy_token(logits_row: torch.Tensor) -> int:
-    """The argmax of logits [V] (the first of tied maxima, as generate()'s float32 argmax).
-    In float32: a CPU's bf16 argmax over 49k logits costs 0.16 ms, converting first 0.03 ms."""
-    return int(logits_row.float().argmax())
+    """The argmax of logits [V] (the first of tied maxima, a NaN above all, as generate()'s
+    float32 argmax). In float32: a CPU's bf16 argmax over 49k logits costs 0.16 ms,
+    converting first 0.03 ms; on a CPU numpy's argmax, ~0.01 ms against torch's ~0.1 ms
+    (2% of a 5 ms decoding step)."""
+    row = logits_row.detach().float()
+    if row.device.type == "cpu":
+        return int(row.numpy().argmax())
+    return int(row.argmax())
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
