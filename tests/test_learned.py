@@ -276,6 +276,34 @@ def test_auto_measures_this_machines_step_costs_once_and_later_sessions_read_the
     assert later.auto_selector().measured_curve == kept and len(notices) == 1  # read, not measured again
 
 
+def test_the_step_curve_times_the_small_sizes_most_and_keeps_each_sizes_fastest(tiny_session, monkeypatch) -> None:
+    from pardec_cli.tuning import curve as curves
+
+    timed: list[int] = []
+    forward = tiny_session.target.forward
+
+    def counting(ids, cache, **kwargs):
+        timed.append(len(ids))
+        return forward(ids, cache, **kwargs)
+
+    monkeypatch.setattr(tiny_session.target, "forward", counting)
+    clock = iter(float(i) for i in range(10_000))  # every timing 1 s, but n=2's fourth: 0.5 s
+    ticks: list[float] = []
+
+    def fake_clock() -> float:
+        now = next(clock)
+        if len(ticks) % 2 == 1 and timed[-1:] == [2] and timed.count(2) == 4:
+            now = ticks[-1] + 0.5
+        ticks.append(now)
+        return now
+
+    monkeypatch.setattr(curves.time, "perf_counter", fake_clock)
+    measured = curves.measure_step_curve(tiny_session)
+    counts = {n: timed[2:].count(n) for n in curves.STEP_CURVE_POINTS}  # after the prefill and the warm-up
+    assert counts == curves.STEP_CURVE_REPEATS and counts[1] > counts[32]
+    assert dict(measured.points)[2] == 500.0 and dict(measured.points)[1] == 1000.0
+
+
 def test_with_learning_off_auto_measures_nothing(tiny_session, monkeypatch) -> None:
     from pardec_cli.session import Session
 

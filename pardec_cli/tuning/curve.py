@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pardec_cli.selection.costmodel import CURVE_POINTS, CostCurve
@@ -22,10 +22,11 @@ def measure_curve(
     context_ids: Sequence[int],
     *,
     points: Sequence[int] = CURVE_POINTS,
-    repeats: int = 3,
+    repeats: int | Mapping[int, int] = 3,
     on_point: Callable[[int, int], None] | None = None,
 ) -> CostCurve:
-    """Time one forward of each n in `points` after `context_ids` on `session`'s model.
+    """Time one forward of each n in `points` after `context_ids` on `session`'s model,
+    `repeats` times (or `repeats[n]` times), in a shuffled order; each n keeps its fastest.
 
     `on_point(done, total)` is called after each timing (progress). A KeyboardInterrupt
     propagates: a half-measured curve is not kept.
@@ -38,7 +39,7 @@ def measure_curve(
     context = list(context_ids)
     longest = max(*points, 4)  # the warm-up below feeds 4 tokens
     filler = (context * (longest // max(len(context), 1) + 1))[:longest]  # tokens to feed: their values do not matter
-    order = [n for _ in range(repeats) for n in points]
+    order = [n for n in points for _ in range(repeats[n] if isinstance(repeats, Mapping) else repeats)]
     random.Random(0).shuffle(order)
     best: dict[int, float] = {}
     with torch.inference_mode():
@@ -72,7 +73,13 @@ def plain_context(session: Any, tokens: int = STEP_CURVE_CONTEXT_TOKENS) -> list
     return session.encode(_CONTEXT_TEXT * (tokens // 20 + 1), raw=True)[:tokens]
 
 
-def measure_step_curve(session: Any, *, repeats: int = 2) -> CostCurve:
+#: How often `measure_step_curve` times each size: most often the few-millisecond sizes
+#: auto's drafts usually verify, whose ratios to one token decide its first choice (with
+#: 2 timings each a busy machine's slow one-token step made 4 tokens look cheap; docs/adaptive.md).
+STEP_CURVE_REPEATS: dict[int, int] = {1: 8, 2: 8, 4: 8, 8: 3, 16: 2, 32: 2}
+
+
+def measure_step_curve(session: Any, *, repeats: int | Mapping[int, int] = STEP_CURVE_REPEATS) -> CostCurve:
     """The cost curve of `session`'s own steps (its runner, dtype and weights), measured in
     about a second: for `--method auto` where `pardec tune` never ran (`Session.auto_selector`)."""
     curve = measure_curve(session, plain_context(session), points=STEP_CURVE_POINTS, repeats=repeats)
