@@ -75,8 +75,8 @@ def verify_greedy(draft: Draft, logits: torch.Tensor, *, all_rows: bool | None =
 
     On a CPU the argmax is taken only for the rows the walk visits (the kept path and the
     bonus row): over a 49k vocabulary it costs ~0.01 ms per row (`greedy_token`), which a
-    tree of 32 nodes would otherwise pay for every node. On an accelerator it is one kernel for every row
-    and one transfer, where each visited row would wait for its own.
+    tree of 32 nodes would otherwise pay for every node. On an accelerator it is one
+    kernel for every row and one transfer, where each visited row would wait for its own.
     """
     tokens = draft.tokens
     children = children_by_row(draft.parents, len(tokens))
