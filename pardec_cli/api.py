@@ -126,9 +126,8 @@ def stream(session: Session, prompt: str | Sequence[Mapping[str, str]], *, metho
     """
     from pardec_cli.engine.sampling_params import SamplingParams
     from pardec_cli.planning import PROFILE_SAMPLING_KEYS, Settings, load_profiles_checked, plan_reply
-    from pardec_cli.selection.profiles import load_profiles
 
-    load_profiles_checked(profile)
+    profiles = load_profiles_checked(profile)
     given = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     user_set = {key for key in PROFILE_SAMPLING_KEYS if given[key] is not None}
     settings = Settings(
@@ -140,7 +139,7 @@ def stream(session: Session, prompt: str | Sequence[Mapping[str, str]], *, metho
     text = prompt if isinstance(prompt, str) else _last_user_text(prompt)
     selector = session.auto_selector() if method == "auto" else None
     plan = plan_reply(text, method=method, options=dict(knobs or {}), profile=profile, settings=settings,
-                      user_set=user_set, profiles=load_profiles(), selector=selector)  # fmt: skip
+                      user_set=user_set, profiles=profiles, selector=selector)  # fmt: skip
     session.set_method(plan.method, plan.knobs)
     ids = session.encode(prompt, system=system, raw=raw)
     s = plan.settings

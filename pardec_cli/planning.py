@@ -27,7 +27,7 @@ from typing import Any
 
 # As a method: chosen per prompt; as a profile: detected from the prompt. Defined once, in
 # the selection package (the lowest layer that needs it); import it from here.
-from pardec_cli.selection.profiles import AUTO, method_label
+from pardec_cli.selection.profiles import AUTO, Profile, method_label
 
 # Settings a profile's [sampling] table gives defaults for (setting name -> profile key).
 PROFILE_SAMPLING_KEYS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
@@ -100,13 +100,15 @@ def describe_sampling(sampling: Any) -> str:
     return text
 
 
-def load_profiles_checked(profile: str) -> None:
-    """Read the profiles now (a broken file is one clear error) and check a profile name."""
+def load_profiles_checked(profile: str) -> dict[str, Profile]:
+    """Read the profiles now (a broken file is one clear error), check a profile name, and
+    return them (reading them takes ~8 ms: a caller that needs them again keeps these)."""
     from pardec_cli.selection.profiles import get_profile, load_profiles
 
-    load_profiles()
+    profiles = load_profiles()
     if profile != AUTO:
-        get_profile(profile)
+        get_profile(profile, profiles)
+    return profiles
 
 
 def plan_reply(

@@ -52,6 +52,18 @@ def test_every_method_gives_the_greedy_text_of_vanilla(tiny_as_embedded: Path) -
         assert reply.token_ids == plain.token_ids and reply.method == method
 
 
+def test_a_reply_reads_the_profile_files_once(tiny_as_embedded: Path, monkeypatch) -> None:
+    from pardec_cli.selection import profiles
+
+    model = api.load()
+    api.generate(model, "Write a haiku.", profile="chat", max_tokens=4)  # auto's selector: read once per session
+    reads: list[int] = []
+    load = profiles.load_profiles
+    monkeypatch.setattr(profiles, "load_profiles", lambda: reads.append(1) or load())
+    api.generate(model, "Write a haiku.", profile="chat", max_tokens=4)  # ~8 ms a read: once per reply
+    assert len(reads) == 1
+
+
 def test_streaming_yields_the_reply_piece_by_piece(tiny_as_embedded: Path) -> None:
     model = api.load()
     stream = api.stream(model, "Say hello.", method="vanilla", max_tokens=10)

@@ -210,9 +210,10 @@ def profile_names() -> list[str]:
     return names
 
 
-def get_profile(name: str) -> Profile:
-    """The profile called `name`, or a usage error listing the valid names."""
-    profiles = load_profiles()
+def get_profile(name: str, profiles: Mapping[str, Profile] | None = None) -> Profile:
+    """The profile called `name` among `profiles` (None: read them now), or a usage error
+    listing the valid names."""
+    profiles = load_profiles() if profiles is None else profiles
     if name not in profiles:
         raise PardecUsageError(f"unknown profile {name!r}; choose from: auto, {', '.join(profiles)}")
     return profiles[name]
