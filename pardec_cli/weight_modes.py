@@ -23,8 +23,9 @@ def resolve_weights(weights: str, *, dtype: str, device: str, stored: str | None
 
     "auto" takes `AUTO_AVX2` where `avx2` says float32 layers run on pardec's AVX2 kernels
     here, else `AUTO_CPU`, on a CPU, and "full" elsewhere (on an H200, int8 steps were
-    slower than bf16 and int4 ones 7% faster for one token: docs/runner.md, "On a GPU"). Elsewhere it never takes "q4q8" (int4 weights by int8 activations:
-    further from the full model than int4 by bfloat16; docs/weights.md). `stored` is "q4" for
+    slower than bf16 and int4 ones 7% faster for one token: docs/runner.md, "On a GPU").
+    Elsewhere it never takes "q4q8" (int4 weights by int8 activations: further from the
+    full model than int4 by bfloat16; docs/weights.md). `stored` is "q4" for
     a model kept as GGUF 4-bit blocks (`store.quantized`), None for dense weights.
     """
     from pardec_cli.errors import PardecUsageError
