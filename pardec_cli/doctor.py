@@ -294,43 +294,42 @@ def floor_multiple(forward_ms: float, floor_ms: float) -> float:
 def weight_bytes(model: Any) -> int:
     """Bytes of weights one decoding forward of `model` (a torch module) reads.
 
-    Every parameter and buffer's storage once (tied weights are one tensor; layers
-    sharing a packed weight hold views of it), less the scales such layers keep for eager
+    The memory every parameter and buffer spans, each byte once (tied weights are one
+    tensor; layers sharing a packed weight hold views of it; weights moved to huge pages
+    share a few large storages, `hugepages`), less the scales such layers keep for eager
     steps (`quant.share_products`), less the input embedding when the output layer does
-    not multiply through it (untied, or a `quant.Int8Head`'s or `quant.RecordsHead`'s copy): a lookup reads a
-    few of its rows.
+    not multiply through it (untied, or a `quant.Int8Head`'s or `quant.RecordsHead`'s
+    copy): a lookup reads a few of its rows.
     The KV cache a forward also reads is left out (small at a few hundred tokens).
     """
-    seen: set[int] = set()
-    total = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.is_mkldnn:  # an opaque prepacked copy: no storage to look at
-            total += tensor.numel() * tensor.element_size()
-            continue
-        # By storage: layers sharing a packed weight (`quant.share_products`) hold views of it.
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
     from pardec_cli.quant import Int4Linear, Int8Head, RecordsHead
 
     # A layer sharing its group's product reads the group's scales; its own copy serves eager steps.
-    total -= sum(m.scales_and_zeros.untyped_storage().nbytes() for m in model.modules()
-                 if isinstance(m, Int4Linear) and m.shared_columns is not None)  # fmt: skip
+    unread = {id(m.scales_and_zeros) for m in model.modules() if isinstance(m, Int4Linear) and m.shared_columns is not None}
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     embedding = get_in() if get_in else None
     output = get_out() if get_out else None
-    # An Int8Head (RecordsHead) multiplies through its int8 (records) copy, a buffer; its dense weight, when
-    # not the tied embedding (handled below), is there for readers of get_output_embeddings() only.
-    if isinstance(output, (Int8Head, RecordsHead)) and (embedding is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
-        total -= output.weight.untyped_storage().nbytes()
-    if embedding is None:
-        return total
-    head_reads_it = output is not None and not isinstance(output, (Int8Head, RecordsHead)) and \
-        output.weight.data_ptr() == embedding.weight.data_ptr()  # fmt: skip
-    if not head_reads_it:
-        total -= embedding.weight.numel() * embedding.weight.element_size()
-    return total
+    # An Int8Head (RecordsHead) multiplies through its int8 (records) copy, a buffer; its dense
+    # weight is there for readers of get_output_embeddings() only.
+    if isinstance(output, (Int8Head, RecordsHead)):
+        unread.add(id(output.weight))
+        output = None  # what the head reads is among the buffers
+    if embedding is not None and (output is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
+        unread.add(id(embedding.weight))
+    opaque, spans = 0, []
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) in unread:
+            continue
+        if tensor.is_mkldnn:  # an opaque prepacked copy: no memory to look at
+            opaque += tensor.numel() * tensor.element_size()
+        elif tensor.numel():
+            elements = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+            spans.append((tensor.data_ptr(), tensor.data_ptr() + elements * tensor.element_size()))
+    total, reached = 0, 0
+    for lo, hi in sorted(spans):  # the union of the spans
+        total += max(0, hi - max(lo, reached))
+        reached = max(reached, hi)
+    return opaque + total
 
 
 def one_token_forward_ms(session: Any, *, context_tokens: int = FLOOR_CONTEXT_TOKENS,
@@ -381,6 +380,11 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
     except PardecError as exc:
         report["problem"] = f"cannot load {model['name']}: {exc.message}"
         return report
+    from pardec_cli.hugepages import huge_page_bytes, thp_setting
+
+    # The weights go on 2 MB pages where the kernel offers them (`hugepages`): the process's
+    # memory on such pages is mostly theirs, the bandwidth tests' buffers being freed.
+    report.update(huge_pages=thp_setting(), huge_page_bytes=huge_page_bytes())
     read = weight_bytes(session.target.model)
     floor = bandwidth_floor_ms(read, bandwidth)
     forward, context = one_token_forward_ms(session)

@@ -521,10 +521,16 @@ def measure_memory_bandwidth(device: str = "cpu", *, size_bytes: int = COPY_TEST
 
     import torch
 
+    from pardec_cli.hugepages import huge_page_tensor
+
     if kind not in ("copy", "read"):
         raise ValueError(f"unknown bandwidth test {kind!r}")
-    src = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)  # written once: pages are really mapped
-    dst = torch.empty_like(src) if kind == "copy" else None
+    def buffer() -> torch.Tensor:  # on a CPU on 2 MB pages, as the weights are (`hugepages`): 2-17% faster reads
+        t = huge_page_tensor(size_bytes // 4, torch.float32) if device == "cpu" else None
+        return torch.empty(size_bytes // 4, dtype=torch.float32, device=device) if t is None else t
+
+    src = buffer().fill_(1.0)  # written once: its pages are really mapped
+    dst = buffer() if kind == "copy" else None
 
     def synchronize() -> None:  # GPU work is asynchronous: time it to its end
         if src.is_cuda:

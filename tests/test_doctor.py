@@ -5,6 +5,7 @@ one-token forward as a multiple of it."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from safetensors import safe_open
@@ -90,6 +91,21 @@ def test_a_head_on_pardec_s_int8_kernel_counts_its_codes_scales_and_column_facto
     assert weight_bytes(model) == tied - 96 * 32 * 4 + 96 * 32 + 96 * 4 + 32 * 4
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are Linux's")
+def test_weight_bytes_are_the_same_once_the_weights_share_huge_page_buffers():
+    """Moved to huge pages (`hugepages`) the weights share a few large storages: the bytes a
+    forward reads are counted by the memory each tensor spans, not by storage."""
+    from pardec_cli.hugepages import move_to_huge_pages
+    from pardec_cli.quant import quantize_head
+
+    model = tiny_llama(vocab=96, layers=2, hidden=32)
+    model.lm_head.weight = model.model.embed_tokens.weight
+    assert quantize_head(model)
+    before = weight_bytes(model)
+    assert move_to_huge_pages(model, setting="madvise", chunk_bytes=4096) > 0  # several buffers
+    assert weight_bytes(model) == before
+
+
 def test_weight_bytes_follow_the_dtype():
     model = tiny_llama(vocab=96, layers=2, hidden=32)
     fp32 = weight_bytes(model)
@@ -120,10 +136,11 @@ def test_doctor_prints_the_floor_of_the_model_and_the_forward_against_it(tiny_cl
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
     start = lines.index(f"floor of {tiny_cli_model}")
-    memory, weights, floor, forward = lines[start + 1: start + 5]
+    memory, weights, pages, floor, forward = lines[start + 1: start + 6]
     assert memory.startswith("  memory        10.0 GB/s read on cpu (read test")
     assert memory.endswith("a copy test moves 20.0 GB/s, read + written)")
     assert weights.startswith("  weights       ") and weights.endswith("MB read by one forward (float32, full weights, eager step)")
+    assert pages.startswith("  pages         ") and "pages" in pages[16:]  # 2 MB ones where Linux offers them
     assert floor.startswith("  floor         ") and floor.endswith("ms per forward (weights / read bandwidth)")
     assert forward.startswith("  forward       ") and "ms for one token over a 300-token context: " in forward
     assert forward.endswith("x one at the copy test's rate)")

@@ -126,10 +126,20 @@ def _floor_lines(floor: dict[str, Any], name: str) -> list[str]:
         return [*lines, f"  {floor['problem']}"]
     lines.append(f"  weights       {floor['weight_bytes'] / 1e6:.1f} MB read by one forward ({floor['dtype']}, "
                  f"{floor['weights']} weights, {floor['runner']} step)")
+    lines.append(f"  pages         {_pages(floor.get('huge_pages'), floor.get('huge_page_bytes'))}")
     lines.append(f"  floor         {floor['floor_ms']:.2f} ms per forward (weights / read bandwidth)")
     lines.append(f"  forward       {floor['forward_ms']:.2f} ms for one token over a {floor['context_tokens']}-token "
                  f"context: {floor['multiple']:.2f}x the floor ({floor['copy_multiple']:.2f}x one at the copy test's rate)")
     return lines
+
+
+def _pages(setting: str | None, huge_bytes: int | None) -> str:
+    """Where the weights are: on 2 MB pages (`hugepages`), or why not."""
+    if setting is None:
+        return "4 KB pages (this system has no transparent huge pages)"
+    if setting == "never" or not huge_bytes:
+        return f"4 KB pages (transparent huge pages: {setting})"
+    return f"{huge_bytes / 1e6:.0f} MB of this process on 2 MB pages (transparent huge pages: {setting})"
 
 
 def _compiled_lines(compiled: dict[str, Any]) -> list[str]:

@@ -1,0 +1,117 @@
+"""A CPU model's weights go on 2 MB pages (`pardec_cli.hugepages`): the same tensors with the
+same values, views still views, moved into memory advised for huge pages, the embedding
+table a step only looks rows up in left where it is."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pardec_cli import hugepages
+from pardec_cli.hugepages import HUGE_PAGE, move_to_huge_pages, thp_setting
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux") or thp_setting() is None,
+                           reason="transparent huge pages are Linux's")  # fmt: skip
+
+
+def advised(t: torch.Tensor) -> bool:
+    """Whether `t`'s memory lies in a mapping advised for huge pages ("hg" in its VmFlags)."""
+    ptr, inside = t.data_ptr(), False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= ptr < hi
+        elif inside and line.startswith("VmFlags:"):
+            return "hg" in line.split()[1:]
+    return False
+
+
+def test_the_setting_is_the_bracketed_word(tmp_path: Path):
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert thp_setting(f) == "madvise"
+    f.write_text("[always] madvise never\n")
+    assert thp_setting(f) == "always"
+    assert thp_setting(tmp_path / "missing") is None  # not Linux, or no THP in the kernel
+
+
+class Shared(nn.Module):
+    """A linear layer, a buffer whose halves another attribute views, a tied parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 48)
+        self.register_buffer("whole", torch.arange(96, dtype=torch.float32).view(2, 48))
+        self.half = self.whole[1]  # a plain attribute viewing the buffer
+        self.other = nn.Linear(64, 48)
+        self.other.weight = self.linear.weight  # tied
+
+
+def test_nothing_moves_where_the_kernel_offers_no_huge_pages():
+    m = Shared()
+    before = m.linear.weight.data_ptr()
+    assert move_to_huge_pages(m, setting="never") == 0
+    assert move_to_huge_pages(m, setting=None if thp_setting() is None else "never") == 0
+    assert m.linear.weight.data_ptr() == before
+
+
+@linux
+@pytest.mark.parametrize("chunk_bytes", [hugepages.CHUNK_BYTES, 1024])  # one buffer, or one per storage
+def test_moved_tensors_keep_identity_values_and_sharing(chunk_bytes: int):
+    m = Shared()
+    x = torch.randn(3, 64)
+    want = (m.linear(x), m.other(x))
+    weight, whole, half = m.linear.weight, m.whole, m.half
+    values = {name: t.clone() for name, t in [("weight", weight), ("whole", whole), ("bias", m.linear.bias)]}
+    moved = move_to_huge_pages(m, setting="madvise", chunk_bytes=chunk_bytes)
+    assert moved == (64 * 48 + 48 + 96 + 48) * 4  # each storage once: the tied weight and the view are not copies
+    assert m.linear.weight is weight and m.whole is whole and m.half is half  # the same Python objects
+    assert isinstance(m.linear.weight, nn.Parameter)
+    assert torch.equal(weight, values["weight"]) and torch.equal(whole, values["whole"])
+    assert torch.equal(m.linear.bias, values["bias"])
+    assert all(advised(t) for t in (weight, whole, half, m.linear.bias))
+    assert m.other.weight.data_ptr() == weight.data_ptr()  # still tied
+    whole[1, 0] = -1.0
+    assert half[0] == -1.0  # still a view of the buffer
+    got = (m.linear(x), m.other(x))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    if chunk_bytes == hugepages.CHUNK_BYTES:  # one buffer: it starts on a 2 MB boundary, with the first storage met
+        assert min(t.data_ptr() for t in (weight, whole, m.linear.bias)) % HUGE_PAGE == 0
+
+
+@linux
+def test_skipped_tensors_and_anything_sharing_their_memory_stay():
+    m = Shared()
+    weight, whole = m.linear.weight, m.whole
+    before = (weight.data_ptr(), whole.data_ptr(), m.half.data_ptr())
+    move_to_huge_pages(m, skip=[m.half], setting="madvise")  # the view's storage is the buffer's
+    assert (weight.data_ptr() == before[0], whole.data_ptr(), m.half.data_ptr()) == (False, *before[1:])
+    assert advised(weight) and not advised(whole)
+
+
+@linux
+def test_a_cpu_model_loads_with_its_streamed_weights_on_huge_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The loader moves every weight a step reads; the input embedding table of an untied
+    model (rows looked up) stays. The logits are those of the model left where it was."""
+    from tests.tiny_models import save_word_level_model
+
+    from pardec_cli.store.loading import load_model
+
+    save_word_level_model(tmp_path / "tiny")
+    monkeypatch.setattr(hugepages, "thp_setting", lambda path=hugepages.THP_SETTING: "madvise")
+    model, _ = load_model(tmp_path / "tiny", dtype="float32", device="cpu", weights="full")
+    layer = model.model.layers[1]
+    assert advised(layer.mlp.down_proj.weight) and advised(layer.input_layernorm.weight)
+    assert advised(model.lm_head.weight)
+    assert not advised(model.model.embed_tokens.weight)
+    monkeypatch.setattr(hugepages, "move_to_huge_pages", lambda module, **kw: 0)
+    plain, _ = load_model(tmp_path / "tiny", dtype="float32", device="cpu", weights="full")
+    assert not advised(plain.model.layers[1].mlp.down_proj.weight)
+    ids = torch.tensor([[3, 5, 7, 11]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, plain(ids).logits)
