@@ -6,9 +6,8 @@ anonymous memory with 2 MB pages where a program asks for them (``madvise(MADV_H
 when ``/sys/kernel/mm/transparent_hugepage/enabled`` says ``madvise`` or ``always``), but
 only for 2 MB-aligned ranges: a model's hundreds of separate tensors, most under 2 MB, get
 none. `move_to_huge_pages` copies them into a few large aligned buffers so advised and
-points every tensor at its copy (docs/runner.md, "Weights on 2 MB pages": the embedded
-model's one-token step 3-8% faster on a 2-core AVX2 EPYC). Imports torch only inside its
-functions.
+points every tensor at its copy (measured in docs/runner.md, "Weights on 2 MB pages").
+``PARDEC_HUGE_PAGES=0`` keeps 4 KB pages. Imports torch only inside its functions.
 """
 
 from __future__ import annotations
@@ -76,12 +75,13 @@ def _tensors(module: Any, skip: Iterable[Any] = ()) -> list[Any]:
 def move_to_huge_pages(module: Any, *, skip: Iterable[Any] = (), chunk_bytes: int = CHUNK_BYTES,
                        setting: str | None = None) -> int:  # fmt: skip
     """Copy the CPU tensors of `module` (`_tensors`, but `skip`: tensors a step does not
-    stream, such as an embedding table it only looks rows up in) into 2 MB-aligned buffers advised for
-    huge pages (`offered`), storage by storage, and point each tensor at its copy (``tensor.data``: the
-    same Python objects, the same values; tensors that shared memory still do). Returns the
-    bytes moved: 0 where the kernel offers no huge pages (`thp_setting` not "madvise" or
-    "always") or ``madvise`` fails. Tensors the module reaches only through lists or other
-    containers keep their old memory (still correct, not moved)."""
+    stream, such as an embedding table it only looks rows up in) into 2 MB-aligned buffers
+    advised for huge pages (`offered`), storage by storage, and point each tensor at its
+    copy (``tensor.data``: the same Python objects, the same values; tensors that shared
+    memory still do). Returns the bytes moved: 0 where the kernel offers no huge pages or
+    ``madvise`` fails; a buffer that cannot be allocated leaves the rest where it is.
+    Tensors the module reaches only through lists or other containers keep their old
+    memory (still correct, not moved)."""
     import torch
 
     if not offered(thp_setting() if setting is None else setting):
@@ -108,7 +108,10 @@ def move_to_huge_pages(module: Any, *, skip: Iterable[Any] = (), chunk_bytes: in
     for chunk in chunks:
         if not chunk:
             continue
-        advised = _advised(sum(_aligned(st.nbytes()) for st, _ in chunk), madvise)
+        try:
+            advised = _advised(sum(_aligned(st.nbytes()) for st, _ in chunk), madvise)
+        except (MemoryError, RuntimeError):  # no room for a copy: the rest stays where it is
+            advised = None
         if advised is None:
             return moved
         raw, offset = advised

@@ -183,7 +183,8 @@ def load_model(
     kernels once they are built (`_own_kernels`). A
     directory stored with a GGUF file's blocks kept (`store.quantized`) loads from
     them: exactly dequantized for "full", its 4-bit codes packed directly for "int4".
-    The model uses SDPA
+    On a CPU the weights a step streams end on 2 MB pages where Linux offers them
+    (`hugepages.move_to_huge_pages`). The model uses SDPA
     attention (eager where the architecture lacks it) and is in eval mode. Every failure
     is a `ModelLoadError` naming the file or architecture at fault.
     """
