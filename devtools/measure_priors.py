@@ -21,6 +21,8 @@ CONFIGS = [
     ("vanilla", {}),
     ("pld", {"num_draft": 2}), ("pld", {"num_draft": 4}), ("pld", {"num_draft": 8}), ("pld", {}), ("pld", {"num_draft": 16}),
     ("pld", {"branches": 4}),
+    # one-token matches left out: what the profiles' cpu candidates use (docs/auto.md)
+    ("pld", {"num_draft": 2, "min_ngram": 2}), ("pld", {"num_draft": 4, "min_ngram": 2}), ("pld", {"num_draft": 8, "min_ngram": 2}),
     ("suffix", {"max_nodes": 4}), ("suffix", {"max_nodes": 8}), ("suffix", {"max_nodes": 16}), ("suffix", {}), ("suffix", {"max_nodes": 64}),
     ("recycling", {"nodes": 8, "depth": 4}), ("recycling", {"nodes": 16}), ("recycling", {}), ("recycling", {"nodes": 64, "depth": 8}),
     ("lookahead", {"window": 4, "ngram": 3, "guesses": 3}), ("lookahead", {}), ("lookahead", {"window": 10, "ngram": 5, "guesses": 10}),
