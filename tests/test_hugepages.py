@@ -115,3 +115,27 @@ def test_a_cpu_model_loads_with_its_streamed_weights_on_huge_pages(tmp_path: Pat
     ids = torch.tensor([[3, 5, 7, 11]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, plain(ids).logits)
+
+
+@linux
+def test_pardec_huge_pages_0_keeps_4_kb_pages(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PARDEC_HUGE_PAGES", "0")
+    assert not hugepages.offered("madvise")
+    m = Shared()
+    before = m.linear.weight.data_ptr()
+    assert move_to_huge_pages(m, setting="madvise") == 0 and m.linear.weight.data_ptr() == before
+    assert hugepages.huge_page_tensor(16, torch.float32) is None
+    monkeypatch.delenv("PARDEC_HUGE_PAGES")
+    assert hugepages.offered("always") and not hugepages.offered("never") and not hugepages.offered(None)
+
+
+@linux
+def test_no_room_for_a_copy_leaves_the_weights_where_they_are(monkeypatch: pytest.MonkeyPatch):
+    def no_memory(nbytes, madvise):
+        raise MemoryError
+
+    monkeypatch.setattr(hugepages, "_advised", no_memory)
+    m = Shared()
+    before = m.linear.weight.data_ptr()
+    assert move_to_huge_pages(m, setting="madvise") == 0
+    assert m.linear.weight.data_ptr() == before and torch.equal(m.half, m.whole[1])
