@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 HUGE_PAGE = 2 << 20
-#: Weights are moved a buffer of at most this size at a time, so a load never holds more
-#: than one such buffer of copies beside the weights themselves.
+#: Weights move into buffers of at most this size, one buffer at a time: a load holds at
+#: most one buffer of copies beside the weights themselves.
 CHUNK_BYTES = 64 << 20
 _MADV_HUGEPAGE = 14  # <linux/mman.h>
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
