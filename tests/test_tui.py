@@ -12,6 +12,7 @@ from time import monotonic
 from typing import Any
 
 import pytest
+from textual.content import Content
 
 from pardec_cli.errors import ModelNotFoundError
 from pardec_cli.tui.app import ChatApp, ChatOptions
@@ -381,6 +382,23 @@ async def test_system_command_sets_and_resets_the_system_prompt() -> None:
         await say(pilot, "/system")
         await say_and_wait(pilot, "hi again")
     assert [system for _, system in session.encoded] == ["You are a pirate.", None]
+
+
+async def test_text_with_brackets_is_shown_as_typed_not_read_as_markup() -> None:
+    """A system prompt (or an error, or a method label such as pld[min_ngram=2,num_draft=8])
+    with square brackets is plain text to the chat, not Textual markup to parse."""
+    session = ScriptedSession()
+    app = make_app(session)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "/system Answer as [role=pirate, tone=grim] would.")
+        await say(pilot, "/method zz[a=1,b=2]")  # an error quoting what was typed
+        await say_and_wait(pilot, "hi")
+        # as a notification is drawn: Textual markup unless it says otherwise
+        shown = [(Content.from_markup(n.message) if n.markup else Content(n.message)).plain for n in app._notifications]
+        assert shown[0] == "System prompt: Answer as [role=pirate, tone=grim] would."
+        assert shown[1].startswith("unknown method 'zz[a=1,b=2]'")
+    assert [system for _, system in session.encoded] == ["Answer as [role=pirate, tone=grim] would."]
 
 
 async def test_save_writes_a_markdown_transcript(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message as TextualMessage
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
@@ -321,6 +322,13 @@ class ChatApp(App[None]):
             return
         self.push_screen(ModelScreen(current=self.model_spec, error=None, installed=installed_model_names()),
                          self._model_picked)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information", timeout: float | None = None,
+               markup: bool = False) -> None:  # fmt: skip
+        """A notification, as plain text by default: they quote what was typed or named (a
+        system prompt, a method label such as pld[num_draft=8], a path), which Textual's markup
+        would drop or fail on."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     # -- sending and generating -------------------------------------------------------
 

@@ -9,6 +9,7 @@ from typing import Any
 from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.message import Message as TextualMessage
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -33,8 +34,8 @@ class StatsLine(Widget):
         super().__init__(**kwargs)
         self.set_reactive(StatsLine.text, text)
 
-    def render(self) -> str:
-        return self.text
+    def render(self) -> Content:
+        return Content(self.text)  # plain: a method label such as pld[num_draft=8] is not markup
 
 
 class UserMessage(Static):
