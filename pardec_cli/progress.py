@@ -112,7 +112,7 @@ class ProgressDisplay:
 
         amount = [DownloadColumn(), TransferSpeedColumn()] if self.transfer else [MofNCompleteColumn()]
         self._progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=30), TaskProgressColumn(),
+            SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(bar_width=30), TaskProgressColumn(),
             *amount, TimeElapsedColumn(), TimeRemainingColumn(),
             console=Console(file=sys.stderr, force_terminal=True), transient=True, redirect_stdout=False, redirect_stderr=True,
         )  # fmt: skip

@@ -210,6 +210,23 @@ def test_progress_shows_from_the_first_event_on_a_terminal_and_a_line_per_phase_
     terminal.stop()
 
 
+def test_the_bar_shows_a_leading_label_with_its_knobs_as_written() -> None:
+    """pld[num_draft=8] on the bar is text, not rich markup (which would show "pld")."""
+    from rich.progress import TextColumn
+
+    from pardec_cli.cli.tune import ProgressView
+    from pardec_cli.tuning.search import Progress
+    from pardec_cli.tuning.tuner import TuneEvent
+
+    terminal = ProgressView(180.0, tty=True)
+    terminal.start()
+    terminal.show(TuneEvent("search", "code", progress=Progress("round 1", 5, 8, "pld[min_ngram=2,num_draft=8]", 1.6, 9.0, 90.0)))
+    task = terminal.progress.tasks[0]
+    shown = " ".join(column.render(task).plain for column in terminal.progress.columns if isinstance(column, TextColumn))
+    terminal.stop()
+    assert "leading pld[min_ngram=2,num_draft=8] 1.60x" in shown
+
+
 # -- the command -----------------------------------------------------------------------------
 
 

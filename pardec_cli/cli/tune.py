@@ -250,8 +250,9 @@ class ProgressView:
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=24),
-            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), TextColumn("of {task.fields[budget]}"),
+            # plain text: a label such as pld[num_draft=8] is not rich markup
+            SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(bar_width=24),
+            TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn(), TextColumn("of {task.fields[budget]}"),
             console=Console(stderr=True), transient=True, refresh_per_second=4,
         )
         self.task = self.progress.add_task("starting", total=self.budget_s, detail="", budget=_clock(self.budget_s))
