@@ -525,6 +525,7 @@ def measure_memory_bandwidth(device: str = "cpu", *, size_bytes: int = COPY_TEST
 
     if kind not in ("copy", "read"):
         raise ValueError(f"unknown bandwidth test {kind!r}")
+
     def buffer() -> torch.Tensor:  # on a CPU on 2 MB pages, as the weights are (`hugepages`): 2-17% faster reads
         t = huge_page_tensor(size_bytes // 4, torch.float32) if device == "cpu" else None
         return torch.empty(size_bytes // 4, dtype=torch.float32, device=device) if t is None else t
