@@ -302,20 +302,18 @@ def weight_bytes(model: Any) -> int:
     copy): a lookup reads a few of its rows.
     The KV cache a forward also reads is left out (small at a few hundred tokens).
     """
-    from pardec_cli.quant import Int4Linear, Int8Head, RecordsHead
+    from pardec_cli.quant import Int4Linear, Int8Head, RecordsHead, lookup_only_embedding
 
     # A layer sharing its group's product reads the group's scales; its own copy serves eager steps.
     unread = {id(m.scales_and_zeros) for m in model.modules() if isinstance(m, Int4Linear) and m.shared_columns is not None}
-    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
-    embedding = get_in() if get_in else None
-    output = get_out() if get_out else None
     # An Int8Head (RecordsHead) multiplies through its int8 (records) copy, a buffer; its dense
     # weight is there for readers of get_output_embeddings() only.
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if isinstance(output, (Int8Head, RecordsHead)):
         unread.add(id(output.weight))
-        output = None  # what the head reads is among the buffers
-    if embedding is not None and (output is None or output.weight.data_ptr() != embedding.weight.data_ptr()):
-        unread.add(id(embedding.weight))
+    table = lookup_only_embedding(model)
+    if table is not None:
+        unread.add(id(table))
     opaque, spans = 0, []
     for tensor in [*model.parameters(), *model.buffers()]:
         if id(tensor) in unread:

@@ -706,6 +706,23 @@ def _output_head(model: nn.Module) -> nn.Module | None:
     return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
 
 
+def lookup_only_embedding(model: nn.Module) -> torch.Tensor | None:
+    """The input embedding table where no decoding step reads it whole: a step looks up a
+    few of its rows, and the output head does not multiply through it (untied; or a head
+    that holds its own copy, `Int8Head`, `RecordsHead`, or no dense weight at all). None
+    when the head multiplies the tied table itself, or the model has no such accessors."""
+    try:
+        embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        head = _output_head(model)
+    except (NotImplementedError, AttributeError):
+        return None
+    table = getattr(embedding, "weight", None)
+    if table is None:
+        return None
+    weight = None if isinstance(head, (Int8Head, RecordsHead)) else getattr(head, "weight", None)
+    return None if weight is not None and weight.data_ptr() == table.data_ptr() else table
+
+
 def decoder_linears(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
     """Every nn.Linear of the model except its output head (kept dense, see the module doc)."""
     head = _output_head(model)

@@ -193,7 +193,8 @@ def load_model(
 
     from pardec_cli.hardware import cpu_info
     from pardec_cli.hugepages import move_to_huge_pages
-    from pardec_cli.quant import head_on_records, pack_linears, quantize_head, quantize_linears, share_products, use_avx2, use_records
+    from pardec_cli.quant import (head_on_records, lookup_only_embedding, pack_linears, quantize_head, quantize_linears,
+                                  share_products, use_avx2, use_records)
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
@@ -277,26 +278,9 @@ def load_model(
     if mode in ("int4", "int8") or records is not None or avx2:  # on a CPU, q/k/v and gate/up: one call each when compiled
         share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     if device == "cpu":  # every step streams the weights: on 2 MB pages where the kernel offers them
-        move_to_huge_pages(model, skip=_lookup_only(model))
+        table = lookup_only_embedding(model)  # rows looked up: moving it would cost its first touch for nothing
+        move_to_huge_pages(model, skip=[] if table is None else [table])
     return model, tokenizer
-
-
-def _lookup_only(model: Any) -> list[Any]:
-    """The input embedding table where no step streams it: rows are looked up in it, and the
-    output head, if tied to it, multiplies a copy in its own layout (`quant.RecordsHead`
-    and the other quantized heads are not `nn.Linear`s). Moving it to huge pages would
-    cost its first touch (0.2 s for SmolLM2-135M's 113 MB on the VMs measured) for nothing."""
-    from torch import nn
-
-    try:
-        table = getattr(model.get_input_embeddings(), "weight", None)
-        head = model.get_output_embeddings()
-    except (NotImplementedError, AttributeError):  # an architecture without the accessors: move everything
-        return []
-    if table is None:
-        return []
-    streamed = isinstance(head, nn.Linear) and head.weight.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
-    return [] if streamed else [table]
 
 
 def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | None) -> str | None:
