@@ -261,10 +261,12 @@ class Int4Records(nn.Module):
         its scales (beyond 65504, or small enough to lose precision as subnormals)."""
         block = cpu_pack_block()
         n, k = layer.out_features, layer.in_features
-        if (layer.packed.device.type != "cpu" or block is None or n % block or layer.group_size != RECORD_GROUP
+        if (layer.packed.device.type != "cpu" or block is None or n % RECORD_BLOCK or layer.group_size != RECORD_GROUP
                 or layer.shared_columns is not None):  # fmt: skip
             return None
-        q = _cpu_codes(layer.packed, n, k, block)
+        # Outputs short of a whole packing block (k/v of a small model with AVX512's 64) are
+        # laid out otherwise: read back through the kernel itself.
+        q = _cpu_codes(layer.packed, n, k, block) if n % block == 0 else _codes_by_kernel(layer)
         sz = layer.scales_and_zeros.float().transpose(0, 1)  # [N, K/g, 2]
         bias = None if layer.bias is None else layer.bias.detach()
         return cls.from_codes(q, sz[..., 0], sz[..., 1] - 8.0 * sz[..., 0], activations=activations, bias=bias)
@@ -667,6 +669,17 @@ def _cpu_codes(packed: torch.Tensor, n: int, k: int, block: int) -> torch.Tensor
     """The codes q [n, k] (uint8, 0..15) of CPU-packed bytes [N/B, K, B/2]."""
     blocks = packed.view(n // block, k, block // 2)
     return torch.cat([blocks & 15, blocks >> 4], dim=2).transpose(1, 2).reshape(n, k)
+
+
+def _codes_by_kernel(layer: Int4Linear) -> torch.Tensor:
+    """The codes q [n, k] (uint8) of a CPU `Int4Linear`, by its own kernel: with scale 1 and
+    zero 8 each weight (q - 8) * 1 + 8 is its code, exact in any float dtype."""
+    k, n, dtype = layer.in_features, layer.out_features, layer.scales_and_zeros.dtype
+    unit = torch.empty(k // layer.group_size, n, 2, dtype=dtype)
+    unit[..., 0], unit[..., 1] = 1.0, 8.0
+    eye = torch.eye(k, dtype=dtype)
+    w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.packed, layer.group_size, unit)  # [k, n]
+    return w_t.t().round().to(torch.uint8).contiguous()
 
 
 def _unpack_cpu(packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int, k: int, group: int, block: int) -> torch.Tensor:
