@@ -81,6 +81,10 @@ AVX512 = Library("pardec_int4", "data/int4_kernels.cpp", "int4", "pardec_q4", "q
 #: float32 activations on AVX2 (every op of it needs these).
 AVX2_FLAGS = ("avx2", "fma", "f16c")
 AVX2 = Library("pardec_avx2", "data/avx2_kernels.cpp", "avx2", "pardec_avx2", "f32_mm", ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"))
+#: The same library for a CPU with AVX512-VNNI: its byte products on VPDPBUSD (same bits).
+AVX2_VNNI_FLAGS = ("avx512_vnni", "avx512vl")
+AVX2_VNNI = Library("pardec_avx2", "data/avx2_kernels.cpp", "avx2vnni", "pardec_avx2", "f32_mm",
+                    (*AVX2.cflags, "-mavx512vnni", "-mavx512vl"))  # fmt: skip
 LIBRARY = AVX512.name
 FAILED = "failed"
 
@@ -116,12 +120,22 @@ def avx2_runs(flags: frozenset[str] | set[str]) -> bool:
     return all(flag in flags for flag in AVX2_FLAGS)
 
 
-def avx2_wanted(flags: frozenset[str] | set[str]) -> bool:
+def avx2_library(flags: frozenset[str] | set[str]) -> Library:
+    """The build of the `AVX2` library for a CPU with these flags: `AVX2_VNNI` where it has
+    AVX512-VNNI (its q4q8 and head products a third of the instructions), else `AVX2`."""
+    return AVX2_VNNI if all(flag in flags for flag in AVX2_VNNI_FLAGS) else AVX2
+
+
+def avx2_wanted(flags: frozenset[str] | set[str], *, blocks4: bool = False) -> bool:
     """Whether float32 layers go to the `AVX2` library on a CPU with these flags: it runs
-    it (`avx2_runs`), and torch's kernels run at AVX2 (the CPU lacks AVX512F, or
-    ``ATEN_CPU_CAPABILITY`` caps them there). Measured only there (docs/runner.md)."""
+    it (`avx2_runs`), and either they are a model's 4-bit blocks (`blocks4`: q4q8 in the
+    native step, faster than any AVX512 path measured) or torch's kernels run at AVX2 (the
+    CPU lacks AVX512F, or ``ATEN_CPU_CAPABILITY`` caps them there): dense and int8 layers
+    were measured only there (docs/runner.md)."""
     if not avx2_runs(flags):
         return False
+    if blocks4:
+        return True
     capped = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     return "avx512f" not in flags or capped == "avx2"
 
@@ -145,7 +159,10 @@ def build_dir(root: Path, library: Library = AVX512) -> Path:
 
 def library_of(directory: Path) -> Library:
     """The library a build directory (`build_dir`) holds."""
-    return AVX2 if directory.name.startswith(f"{AVX2.prefix}-") else AVX512
+    for library in (AVX2, AVX2_VNNI):
+        if directory.name.startswith(f"{library.prefix}-"):
+            return library
+    return AVX512
 
 
 def loaded(library: Library = AVX512) -> bool:
@@ -264,7 +281,7 @@ def _register_fakes(library: Library = AVX512) -> None:
     (`load`, `build`)."""
     import torch
 
-    if library is AVX2:  # x [M, K] by w [N, K] -> [M, N] float32
+    if library.namespace == AVX2.namespace:  # x [M, K] by w [N, K] -> [M, N] float32
         torch.library.register_fake("pardec_avx2::f32_mm", lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
         torch.library.register_fake("pardec_avx2::q8f32_mm", lambda x, q, scales: x.new_empty((x.shape[0], q.shape[0])))
         torch.library.register_fake("pardec_avx2::q8q8_mm", lambda x, q, scales: x.new_empty((x.shape[0], q.shape[0])))

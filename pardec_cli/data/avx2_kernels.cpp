@@ -30,6 +30,9 @@
 // VPMADDUBSW multiplies 8 outputs' 4 codes (0..15) by 4 activation codes (|q_x| <= 127)
 // and adds pairs into int16: a group's 8 of them per lane sum to at most 8 * 2 * 15 * 127
 // = 30480, so the group's integer sums are exact in int16 until one VPMADDWD widens them.
+// Built for a CPU with AVX512-VNNI (`kernels.AVX2_VNNI`: -mavx512vnni -mavx512vl), one
+// VPDPBUSD adds a lane's 4 products to its int32 sum instead: the same exact integers, so
+// the same bits, in a third of the instructions (docs/runner.md, "VNNI").
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/custom_class.h>
@@ -44,6 +47,23 @@
 namespace {
 
 constexpr int64_t kOut = 4;  // outputs per block
+
+// Byte products: acc's int32 lane i plus the sum over its 4 bytes of u (unsigned) times s
+// (signed), for the two pairs (u0, s0) and (u1, s1). Without VNNI, acc holds int16 pair
+// sums (exact while they stay in range; see above) until `widen` makes them int32 lanes.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+inline __m256i add_products(__m256i acc, __m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u0, s0), u1, s1);
+}
+inline __m256i add_products(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+inline __m256i widen(__m256i acc) { return acc; }
+#else
+inline __m256i add_products(__m256i acc, __m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+  return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)));
+}
+inline __m256i add_products(__m256i acc, __m256i u, __m256i s) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s)); }
+inline __m256i widen(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+#endif
 
 inline float lane_sum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -201,11 +221,11 @@ void q4_block_rows(const int8_t* qx, const float* dx, const float* sx, int64_t K
                    int64_t ldo) {
   __m256 acc0[R], acc1[R];  // outputs 0-7 and 8-15
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* rec = w + g * kRecord;
     for (int64_t line = 0; line < kRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
-    __m256i dot0[R], dot1[R];  // int16 pair sums
+    __m256i dot0[R], dot1[R];  // `add_products` sums
     for (int r = 0; r < R; ++r) dot0[r] = dot1[r] = _mm256_setzero_si256();
     // Not unrolled: unrolled, GCC computed all 16 products first and spilled them (16 rows
     // took 1.3x as long).
@@ -221,8 +241,8 @@ void q4_block_rows(const int8_t* qx, const float* dx, const float* sx, int64_t K
         __builtin_memcpy(&xa, x, 4);
         __builtin_memcpy(&xb, x + 4, 4);
         const __m256i va = _mm256_set1_epi32(xa), vb = _mm256_set1_epi32(xb);
-        dot0[r] = _mm256_add_epi16(dot0[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo0, va), _mm256_maddubs_epi16(hi0, vb)));
-        dot1[r] = _mm256_add_epi16(dot1[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo1, va), _mm256_maddubs_epi16(hi1, vb)));
+        dot0[r] = add_products(dot0[r], lo0, va, hi0, vb);
+        dot1[r] = add_products(dot1[r], lo1, va, hi1, vb);
       }
     }
     const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 256)));
@@ -231,9 +251,9 @@ void q4_block_rows(const int8_t* qx, const float* dx, const float* sx, int64_t K
     const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 304)));
     for (int r = 0; r < R; ++r) {
       const __m256 ddx = _mm256_set1_ps(dx[r * G + g]), s = _mm256_set1_ps(sx[r * G + g]);
-      acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot0[r], ones)), _mm256_mul_ps(d0, ddx), acc0[r]);
+      acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(widen(dot0[r])), _mm256_mul_ps(d0, ddx), acc0[r]);
       acc0[r] = _mm256_fmadd_ps(m0, s, acc0[r]);
-      acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot1[r], ones)), _mm256_mul_ps(d1, ddx), acc1[r]);
+      acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(widen(dot1[r])), _mm256_mul_ps(d1, ddx), acc1[r]);
       acc1[r] = _mm256_fmadd_ps(m1, s, acc1[r]);
     }
   }
@@ -302,7 +322,6 @@ void q8_block_rows(const int8_t* qx, const float* dx, int64_t K, const int8_t* w
   const int64_t G = K / kGroup;
   __m256 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < G; ++g) {
     _mm_prefetch(reinterpret_cast<const char*>(w0 + kHeadPrefetch + g * 64), _MM_HINT_T0);
     const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + g * kGroup));
@@ -311,8 +330,8 @@ void q8_block_rows(const int8_t* qx, const float* dx, int64_t K, const int8_t* w
     for (int r = 0; r < R; ++r) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + r * K + g * kGroup));
       const __m256 d = _mm256_set1_ps(dx[r * G + g]);
-      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, v0)), ones);
-      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(xv, v1)), ones);
+      const __m256i p0 = widen(add_products(_mm256_setzero_si256(), a0, _mm256_sign_epi8(xv, v0)));
+      const __m256i p1 = widen(add_products(_mm256_setzero_si256(), a1, _mm256_sign_epi8(xv, v1)));
       acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), d, acc0[r]);
       acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), d, acc1[r]);
     }
