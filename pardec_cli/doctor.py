@@ -81,8 +81,9 @@ def vllm_report() -> dict[str, Any]:
     }
 
 
-def machine(device: str = "auto", dtype: str = "auto") -> tuple[dict[str, Any], Any]:
-    """(report, Hardware): the CPU, memory, GPUs, and what --device/--dtype resolve to."""
+def machine(device: str = "auto", dtype: str = "auto", model: str | None = None) -> tuple[dict[str, Any], Any]:
+    """(report, Hardware): the CPU, memory, GPUs, and what --device/--dtype resolve to for
+    `model` (`-m`; None: the embedded one)."""
     from pardec_cli.hardware import (
         available_ram_bytes, cpu_info, cpu_isa, detect_hardware, probe_gpus, total_ram_bytes,
     )
@@ -91,7 +92,7 @@ def machine(device: str = "auto", dtype: str = "auto") -> tuple[dict[str, Any], 
     gpus = probe_gpus() if device != "cpu" else []
     from pardec_cli.selection.estimates import estimate as device_estimate
 
-    hardware = detect_hardware(device, dtype)
+    hardware = detect_hardware(device, dtype, blocks4=model_blocks4(model))
     speed = device_estimate(hardware)
     flags = {
         "avx2": cpu.has_avx2, "avx512": cpu.has_avx512, "avx512_bf16": cpu.has_avx512_bf16, "amx_bf16": cpu.has_amx_bf16,
@@ -122,6 +123,14 @@ def models() -> list[dict[str, Any]]:
     from pardec_cli.store.inventory import list_models
 
     return [m.to_dict() for m in list_models()]
+
+
+def model_blocks4(spec: str | None) -> bool:
+    """Whether the model `-m` names is kept as GGUF 4-bit blocks with pardec's AVX2 kernels
+    built to run them (what `--dtype auto` weighs: `store.loading.native_blocks`)."""
+    from pardec_cli.store.loading import native_blocks
+
+    return native_blocks(find_model(spec)[1])
 
 
 def find_model(spec: str | None) -> tuple[str, Path | None, str | None]:
@@ -189,10 +198,12 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
     from pardec_cli.store.quantized import is_quantized_dir
 
     kernels_now = int4_kernels_report()  # auto's q4q8 in float32 needs the AVX2 kernels built
-    avx2 = (hardware.device == "cpu" and hardware.dtype == "float32" and kernels_now["enabled"] and kernels_now["float32"]
+    blocks4 = is_quantized_dir(path)
+    wanted = kernels_now["blocks4"] if blocks4 and weights == "auto" else kernels_now["float32"]
+    avx2 = (hardware.device == "cpu" and hardware.dtype == "float32" and kernels_now["enabled"] and wanted
             and kernels_now["avx2_status"] == "built")  # fmt: skip
-    held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device,
-                           stored="q4" if is_quantized_dir(path) else None, avx2=avx2)  # fmt: skip
+    held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device, stored="q4" if blocks4 else None,
+                           avx2=avx2)  # fmt: skip
     step = step_kind(hardware.dtype, held, "native" if held == "q4q8" and avx2 and _native_expected(summary) else "eager")
     usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (
@@ -266,10 +277,11 @@ def int4_kernels_report() -> dict[str, Any]:
 
     flags = cpu_info().flags
     directory = kernels.build_dir(kernels_dir())
-    avx2 = kernels.build_dir(kernels_dir(), kernels.AVX2)
+    avx2 = kernels.build_dir(kernels_dir(), kernels.avx2_library(flags))
     return {"dir": str(directory), "status": kernels.status(directory), "enabled": kernels.enabled(),
             "bfloat16": kernels.cpu_supported(flags, "bfloat16"), "int8": kernels.cpu_supported(flags, "int8"),
-            "float32": kernels.avx2_wanted(flags), "avx2_dir": str(avx2), "avx2_status": kernels.status(avx2)}
+            "float32": kernels.avx2_wanted(flags), "blocks4": kernels.avx2_wanted(flags, blocks4=True),
+            "avx2_dir": str(avx2), "avx2_status": kernels.status(avx2)}
 
 
 # -- the floor: how fast one forward could be, and how fast it is ------------------------

@@ -359,8 +359,9 @@ def describe(device: str, dtype: str, cpu: CpuInfo, gpus: list[GpuInfo] | tuple[
     return Hardware("cpu", dtype, "cpu-bf16" if fast_half else "cpu", name, cpu)
 
 
-def detect_hardware(device: str = "auto", dtype: str = "auto") -> Hardware:
-    """This machine's `Hardware` for a `--device`/`--dtype` pair (imports torch only for GPUs)."""
+def detect_hardware(device: str = "auto", dtype: str = "auto", *, blocks4: bool = False) -> Hardware:
+    """This machine's `Hardware` for a `--device`/`--dtype` pair (imports torch only for GPUs);
+    `blocks4`: see `resolve_dtype`."""
     cpu = cpu_info()
     gpus = probe_gpus() if device != "cpu" else []
     # Without a GPU driver "auto" is the CPU, known without torch; with one, torch decides
@@ -371,11 +372,12 @@ def detect_hardware(device: str = "auto", dtype: str = "auto") -> Hardware:
     if device == "cuda":
         device = "cuda:0"
     if (dtype or "auto") == "auto":
-        dtype = auto_dtype(device, cpu, gpus)
+        dtype = auto_dtype(device, cpu, gpus, blocks4=blocks4)
     return describe(device, dtype, cpu, gpus)
 
 
-def auto_dtype(device: str, cpu: CpuInfo, gpus: list[GpuInfo] | tuple[GpuInfo, ...] = ()) -> str:
+def auto_dtype(device: str, cpu: CpuInfo, gpus: list[GpuInfo] | tuple[GpuInfo, ...] = (), *,
+               blocks4: bool = False) -> str:
     """What `--dtype auto` means for `device` (see `resolve_dtype`), from detected facts only."""
     kind, _, index_text = device.partition(":")
     if kind == "cuda":
@@ -383,6 +385,11 @@ def auto_dtype(device: str, cpu: CpuInfo, gpus: list[GpuInfo] | tuple[GpuInfo, .
         return "bfloat16" if gpu is None or gpu.has_bf16 else "float16"
     if kind == "mps":
         return "float16"
+    # A model kept as 4-bit blocks runs in float32 where pardec's AVX2 library is ready for
+    # it: as q4q8 in the native step, 4.2 ms a token against bfloat16's 28 ms eager (7.5
+    # compiled) on an AVX512-BF16 EPYC (docs/runner.md, "The native step on AVX512 CPUs").
+    if blocks4:
+        return "float32"
     return "bfloat16" if cpu.has_fast_bf16 else "float32"
 
 
@@ -472,12 +479,14 @@ def canonical_dtype(name: str) -> str:
         ) from None
 
 
-def resolve_dtype(requested: str, device: str, *, cpu: CpuInfo | None = None) -> str:
+def resolve_dtype(requested: str, device: str, *, cpu: CpuInfo | None = None, blocks4: bool = False) -> str:
     """Turn a ``--dtype`` value into "float32", "bfloat16" or "float16".
 
     "auto" means: on CUDA, bfloat16 where the GPU supports it, else float16; on MPS,
-    float16; on CPU, bfloat16 only when the CPU does bf16 in hardware (AMX-bf16 or
-    AVX512-bf16), else float32. `cpu` replaces this machine's CPU (for tests).
+    float16; on CPU, float32 when `blocks4` says the model is kept as GGUF 4-bit blocks
+    and pardec's AVX2 kernels are ready to run them (q4q8 in the native step:
+    `store.loading.native_blocks`), else bfloat16 only when the CPU does bf16 in hardware
+    (AMX-bf16 or AVX512-bf16), else float32. `cpu` replaces this machine's CPU (for tests).
     Greedy output is bit-exact against plain decoding only in float32.
     """
     value = (requested or "auto").strip().lower()
@@ -488,7 +497,7 @@ def resolve_dtype(requested: str, device: str, *, cpu: CpuInfo | None = None) ->
         import torch
 
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    return auto_dtype(kind, cpu if cpu is not None else cpu_info())
+    return auto_dtype(kind, cpu if cpu is not None else cpu_info(), blocks4=blocks4)
 
 
 def torch_dtype(name: str) -> torch.dtype:

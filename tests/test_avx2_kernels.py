@@ -8,6 +8,8 @@ CPU without AVX2 and FMA; the loading choices run everywhere.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from tests.test_quant import tiny_gguf  # noqa: F401 (a fixture)
 from tests.tiny_models import tiny_llama
 
 AVX2 = kernels.avx2_runs(cpu_info().flags)
+LIBRARY = kernels.avx2_library(cpu_info().flags)  # this CPU's build of it (with VNNI where it has it)
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +32,7 @@ def avx2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The AVX2 library, built once for the test run and loaded into this process."""
     if not AVX2:
         pytest.skip("this CPU lacks AVX2 and FMA")
-    directory = kernels.build_dir(tmp_path_factory.mktemp("kernels"), kernels.AVX2)
+    directory = kernels.build_dir(tmp_path_factory.mktemp("kernels"), LIBRARY)
     kernels.build(directory)
     assert kernels.load(directory) and kernels.loaded(kernels.AVX2)
     return directory
@@ -423,11 +426,11 @@ def test_q4q8_loads_on_the_avx2_library_where_avx512_vnni_is_missing(
     from pardec_cli.store.loading import load_model
 
     monkeypatch.setattr(kernels, "cpu_supported", lambda flags, activations: False)  # no AVX512-VNNI
-    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags: True)
+    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags, blocks4=False: True)
     path = import_gguf(tiny_gguf, "tiny-q")
     built: list[Path] = []
     monkeypatch.setattr(kernels, "build", lambda directory: built.append(directory))
-    store = kernels.build_dir(kernels_dir(), kernels.AVX2)
+    store = kernels.build_dir(kernels_dir(), LIBRARY)
     store.mkdir(parents=True)
     (store / f"{kernels.AVX2.name}.so").symlink_to(avx2_dir / f"{kernels.AVX2.name}.so")
     model, _ = load_model(path, dtype="float32", device="cpu", weights="q4q8")
@@ -654,6 +657,36 @@ def test_float32_models_on_the_avx2_kernels_take_pardec_s_attention_eager_and_co
 # -------------------------------------------------------------- loading and building
 
 
+def test_auto_runs_a_gguf_s_4_bit_blocks_in_float32_on_the_native_step_once_its_kernels_are_built(
+    avx2_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """--dtype auto weighs whether the native step's kernels are built (`native_blocks`): a
+    first load keeps the CPU's dtype and starts their build; a later one runs float32 q4q8."""
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.session import Session
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import native_blocks
+
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    path = import_gguf(tiny_gguf, "tiny-q")
+    started: list[Path] = []
+    monkeypatch.setattr(kernels, "build_in_background", lambda directory: started.append(directory) or True)
+    assert not native_blocks(path) and started == []  # doctor and tune ask without building
+    assert not native_blocks(path, start=True) and started == [kernels.build_dir(kernels_dir(), LIBRARY)]
+    started[0].mkdir(parents=True)
+    (started[0] / f"{LIBRARY.name}.so").symlink_to(avx2_dir / f"{LIBRARY.name}.so")
+    assert native_blocks(path)
+    session = Session.load("tiny-q", compile="auto")
+    assert (session.dtype, session.weights) == ("float32", "q4q8")
+    assert session.target.native is not None  # type: ignore[attr-defined]
+    assert Session.load("tiny-q", dtype="bfloat16", compile="off").dtype == "bfloat16"  # asked for: kept
+    dense = path.parent / "dense"
+    tiny_llama(3, vocab=96, layers=2, hidden=64).save_pretrained(dense)
+    assert not native_blocks(dense) and not native_blocks(None)
+    monkeypatch.setenv("PARDEC_KERNELS", "0")
+    assert not native_blocks(path)
+
+
 def test_float32_loads_take_the_avx2_kernels_once_built_in_the_store(
     avx2_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
@@ -662,14 +695,14 @@ def test_float32_loads_take_the_avx2_kernels_once_built_in_the_store(
     from pardec_cli.store.loading import load_model
 
     monkeypatch.setenv("PARDEC_KERNELS", "1")
-    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags: True)
+    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags, blocks4=False: True)
     path = import_gguf(tiny_gguf, "tiny-q")
     started: list[Path] = []
     monkeypatch.setattr(kernels, "build_in_background", lambda directory: started.append(directory) or True)
     model, _ = load_model(path, dtype="float32", device="cpu", weights="full")
     # Not built in this store: torch's products now, and a build starts for the next run.
     assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
-    assert started == [kernels.build_dir(kernels_dir(), kernels.AVX2)]
+    assert started == [kernels.build_dir(kernels_dir(), LIBRARY)]
     started[0].mkdir(parents=True)
     (started[0] / f"{kernels.AVX2.name}.so").symlink_to(avx2_dir / f"{kernels.AVX2.name}.so")
     model, _ = load_model(path, dtype="float32", device="cpu", weights="full")
@@ -682,10 +715,10 @@ def test_float32_loads_take_the_avx2_kernels_once_built_in_the_store(
     for dtype, weights_ in (("bfloat16", "full"), ("float32", "int4")):
         model, _ = load_model(path, dtype=dtype, device="cpu", weights=weights_)
         assert not any(isinstance(m, (F32Linear, Int8F32)) for m in model.modules()), (dtype, weights_)
-    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags: False)
+    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags, blocks4=False: False)
     model, _ = load_model(path, dtype="float32", device="cpu", weights="full")
     assert not any(isinstance(m, F32Linear) for m in model.modules())
-    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags: True)
+    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags, blocks4=False: True)
     monkeypatch.setenv("PARDEC_KERNELS", "0")
     model, _ = load_model(path, dtype="float32", device="cpu", weights="full")
     assert not any(isinstance(m, F32Linear) for m in model.modules())
@@ -701,6 +734,53 @@ def test_only_a_cpu_whose_torch_runs_avx2_wants_them(monkeypatch: pytest.MonkeyP
     assert kernels.avx2_wanted({"avx2", "fma", "f16c", "avx512f"})
 
 
+def test_a_gguf_s_4_bit_blocks_want_the_avx2_library_even_beside_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
+    # q4q8 in the native step beat every AVX512 path measured (docs/runner.md); dense and
+    # int8 float32 layers stay on torch's AVX512 kernels there.
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    avx512 = {"avx2", "fma", "f16c", "avx512f"}
+    assert kernels.avx2_wanted(avx512, blocks4=True) and not kernels.avx2_wanted(avx512)
+    assert not kernels.avx2_wanted({"avx2", "fma"}, blocks4=True)
+
+
+def test_a_cpu_with_avx512_vnni_gets_the_vnni_build(tmp_path: Path) -> None:
+    assert kernels.avx2_library({"avx2", "fma", "f16c"}) is kernels.AVX2
+    assert kernels.avx2_library({"avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni"}) is kernels.AVX2_VNNI
+    assert kernels.avx2_library({"avx2", "fma", "f16c", "avx512_vnni"}) is kernels.AVX2  # 256-bit VPDPBUSD needs VL
+    vnni = kernels.build_dir(tmp_path, kernels.AVX2_VNNI)
+    assert vnni.name.startswith("avx2vnni-") and vnni != kernels.build_dir(tmp_path, kernels.AVX2)
+    assert kernels.library_of(vnni) is kernels.AVX2_VNNI
+
+
+@pytest.mark.skipif(LIBRARY is not kernels.AVX2_VNNI, reason="this CPU lacks AVX512-VNNI")
+def test_the_vnni_build_gives_the_same_bits_as_the_avx2_one(avx2_dir: Path, tmp_path: Path) -> None:
+    """VPDPBUSD sums a lane's 4 byte products exactly, as VPMADDUBSW + VPMADDWD do: q4q8,
+    the int8 head and a whole native step give the same bits from either build (the other
+    build runs in a process of its own: both register pardec_avx2)."""
+    other = kernels.build_dir(tmp_path / "kernels", kernels.AVX2)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 256, generator=g)
+    blocks = torch.randint(0, 256, (4, 8, 320), dtype=torch.uint8, generator=g)
+    blocks[:, :, 256:] = torch.rand(4, 8, 32, generator=g).half().view(torch.uint8).view(4, 8, 64)  # sane f16 scales
+    q = torch.randint(-128, 128, (48, 256), dtype=torch.int8, generator=g)
+    scales = torch.rand(48, generator=g)
+    torch.save({"x": x, "blocks": blocks, "q": q, "scales": scales}, tmp_path / "inputs.pt")
+    ours = (torch.ops.pardec_avx2.q4q8_mm(x, blocks, 64), torch.ops.pardec_avx2.q8q8_mm(x, q, scales))
+    script = (
+        "import sys, torch\n"
+        "from pathlib import Path\n"
+        "from pardec_cli import kernels\n"
+        "kernels.build(Path(sys.argv[1]))\n"
+        "i = torch.load(sys.argv[2])\n"
+        "torch.save((torch.ops.pardec_avx2.q4q8_mm(i['x'], i['blocks'], 64), "
+        "torch.ops.pardec_avx2.q8q8_mm(i['x'], i['q'], i['scales'])), sys.argv[3])\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(other), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
+                   check=True, timeout=600)  # fmt: skip
+    theirs = torch.load(tmp_path / "out.pt")
+    assert torch.isfinite(ours[0]).all() and torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+
+
 def test_each_library_builds_in_its_own_directory(tmp_path: Path) -> None:
     avx2, avx512 = kernels.build_dir(tmp_path, kernels.AVX2), kernels.build_dir(tmp_path)
     assert avx2 != avx512 and avx2.name.startswith("avx2-") and avx512.name.startswith("int4-")
@@ -710,15 +790,18 @@ def test_each_library_builds_in_its_own_directory(tmp_path: Path) -> None:
 
 
 def test_doctor_says_whether_the_avx2_kernels_run_here() -> None:
-    from pardec_cli.cli.doctor import _kernels_line
+    from pardec_cli.cli.doctor import _kernels_lines
 
     base = {"dir": "/k/int4-abc", "status": "not built", "enabled": True, "bfloat16": False, "int8": False,
-            "float32": True, "avx2_dir": "/k/avx2-def", "avx2_status": "built"}  # fmt: skip
-    assert _kernels_line(base) == "pardec's, built in /k/avx2-def: full, int8 and q4q8 weights in float32"
-    assert "first load in float32" in _kernels_line({**base, "avx2_status": "not built"})
-    assert "PARDEC_KERNELS=0" in _kernels_line({**base, "enabled": False})
-    assert "lacks AVX512-BF16" in _kernels_line({**base, "float32": False})
-    assert _kernels_line({**base, "bfloat16": True}).startswith("pardec's for int4, int8 and full weights in bfloat16")
+            "float32": True, "blocks4": True, "avx2_dir": "/k/avx2-def", "avx2_status": "built"}  # fmt: skip
+    assert _kernels_lines(base) == ["pardec's, built in /k/avx2-def: full, int8 and q4q8 weights in float32"]
+    assert "first load in float32" in _kernels_lines({**base, "avx2_status": "not built"})[0]
+    assert "PARDEC_KERNELS=0" in _kernels_lines({**base, "enabled": False})[0]
+    assert "lacks AVX2" in _kernels_lines({**base, "float32": False, "blocks4": False})[0]
+    # An AVX512 CPU runs both libraries: bfloat16 on one, a GGUF's 4-bit blocks on the other.
+    both = _kernels_lines({**base, "bfloat16": True, "int8": True, "float32": False, "status": "built"})
+    assert both == ["pardec's, built in /k/int4-abc: int4, int8 and full weights in bfloat16, --weights q4q8 in bfloat16",
+                    "pardec's, built in /k/avx2-def: 4-bit GGUF models in float32 (q4q8, the native step)"]
 
 
 @pytest.mark.parametrize(("weights", "op_name"), [("full", "f32_mm"), ("int8", "q8f32_mm")])

@@ -88,18 +88,23 @@ def test_an_int4_layer_becomes_records_of_the_same_codes() -> None:
 
 
 def test_layers_the_kernels_cannot_take_stay_on_torch_s() -> None:
-    # 48 outputs: whole records of 16, but not whole blocks of torch's int4 packing to unpack
-    assert Int4Records.from_int4(Int4Linear.from_weight(torch.randn(48, 64)), "bfloat16") is None
+    # groups of 64: not the records' 32 (torch packs whole blocks of 16 outputs, as records)
     assert Int4Records.from_int4(Int4Linear.from_weight(torch.randn(64, 128), group_size=64), "bfloat16") is None
+    # 48 outputs: whole records, though not whole blocks of torch's packing (64 with AVX512):
+    # their codes are read back through torch's kernel, the same codes either way.
+    odd = Int4Linear.from_weight(torch.randn(48, 64).bfloat16())
+    records = Int4Records.from_int4(odd, "bfloat16")
+    assert records is not None and torch.equal(records.codes()[0], quant._codes_by_kernel(odd))
+    assert torch.allclose(records.dequantize().float(), odd.dequantize().float(), atol=1e-2)  # up to bfloat16's rounding
+    whole = Int4Linear.from_weight(torch.randn(128, 64))  # the kernel reads what the unpacking reads
+    assert torch.equal(quant._codes_by_kernel(whole), quant._cpu_codes(whole.packed, 128, 64, quant.cpu_pack_block()))
     huge = Int4Linear.from_weight(torch.randn(64, 64) * 1e6)  # scales beyond float16
     assert Int4Records.from_int4(huge, "bfloat16") is None
     model = quantize_linears_on(tiny_llama(0, layers=1, hidden=32), "int4")
-    # Layers whose outputs are whole blocks of torch's packing (64 with AVX512: gate/up; 32
-    # with AVX2: q, o and down too) go to records; k/v (16 outputs) never do.
-    whole = sum(m.out_features % quant.cpu_pack_block() == 0 for m in model.modules() if isinstance(m, Int4Linear))
-    assert use_records(model, "int8") == whole >= 2 and quant.weights_label(model) == "q4q8"
-    assert isinstance(model.model.layers[0].self_attn.k_proj, Int4Linear)
-    assert quant.row_tile(model) == quant.CPU_INT4_ROW_TILE  # the slowest layer's tiles count
+    # Every layer of whole records of 16 outputs goes to records, k/v (16 outputs) too.
+    assert use_records(model, "int8") == 7 and quant.weights_label(model) == "q4q8"
+    assert not any(isinstance(m, Int4Linear) for m in model.modules())
+    assert quant.row_tile(model) == quant.RECORD_ROW_TILE  # no layer left on torch's tiles of 4
     with pytest.raises(ValueError, match="activations"):
         Int4Records(torch.zeros(1, 1, 320, dtype=torch.uint8), in_features=32, out_features=16, bias=None, activations="fp8")
 
@@ -699,12 +704,15 @@ def test_a_cpu_capped_below_avx512_does_not_run_the_kernels(monkeypatch: pytest.
 
 
 def test_doctor_says_which_int4_kernels_run_and_why() -> None:
-    from pardec_cli.cli.doctor import _kernels_line
+    from pardec_cli.cli.doctor import _kernels_lines
 
-    base = {"dir": "/home/k/int4-abc", "enabled": True, "bfloat16": True, "int8": True}
-    assert _kernels_line({**base, "status": "built"}).startswith("pardec's, built in /home/k/int4-abc")
-    assert "in the background" in _kernels_line({**base, "status": "not built"})
-    assert "failed: RuntimeError: g++" in _kernels_line({**base, "status": "failed: RuntimeError: g++"})
-    assert "PARDEC_KERNELS=0" in _kernels_line({**base, "enabled": False, "status": "built"})
-    assert "lacks AVX512-BF16" in _kernels_line({**base, "bfloat16": False, "int8": False, "status": "not built"})
-    assert _kernels_line({**base, "bfloat16": False, "status": "built"}).endswith(": --weights q4q8")
+    def line(**k: object) -> str:
+        return _kernels_lines({"dir": "/home/k/int4-abc", "enabled": True, "bfloat16": True, "int8": True,
+                               "float32": False, "blocks4": False, **k})[0]  # fmt: skip
+
+    assert line(status="built").startswith("pardec's, built in /home/k/int4-abc")
+    assert "in the background" in line(status="not built")
+    assert "failed: RuntimeError: g++" in line(status="failed: RuntimeError: g++")
+    assert "PARDEC_KERNELS=0" in line(enabled=False, status="built")
+    assert "lacks AVX2" in line(bfloat16=False, int8=False, status="not built")
+    assert line(bfloat16=False, status="built").endswith(": --weights q4q8 in bfloat16")

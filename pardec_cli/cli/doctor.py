@@ -55,7 +55,7 @@ def doctor(model: str | None, device: str, dtype: str, measure: bool, compile: s
     """
     from pardec_cli import doctor as report_lib
 
-    machine, hardware = report_lib.machine(device, dtype)
+    machine, hardware = report_lib.machine(device, dtype, model)
     report = {
         "versions": report_lib.versions(),
         "machine": machine,
@@ -157,7 +157,7 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
     return [
         "", "compiled runner (--compile)",
         f"  compiler      {compiled['cxx_compiler'] or 'no C++ compiler found: CPU steps run eagerly (install g++)'}",
-        f"  kernels       {_kernels_line(compiled['int4_kernels'])}",
+        *(f"  {'kernels' if i == 0 else '':<13} {line}" for i, line in enumerate(_kernels_lines(compiled["int4_kernels"]))),
         f"  cache         {compiled['cache_dir']} ({cache})",
         f"  saved steps   {saved}",
         f"  auto          compiles for bench, tune and serve, and for gen/chat work of {breakeven['cpu']}+ tokens on CPU"
@@ -165,16 +165,22 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
     ]
 
 
-def _kernels_line(k: dict[str, Any]) -> str:
-    """pardec's own kernels: what they do here, in one line."""
-    uses = ", ".join(what for name, what in (("bfloat16", "int4, int8 and full weights in bfloat16"), ("int8", "--weights q4q8")) if k[name])
-    if not uses and k.get("float32"):  # an AVX2 CPU: the AVX2 library
-        uses, status, directory, first = "full, int8 and q4q8 weights in float32", k["avx2_status"], k["avx2_dir"], "in float32"
-    else:
-        status, directory, first = k["status"], k["dir"], "in bfloat16"
-    if not uses:
-        return "torch's (this CPU lacks AVX512-BF16 and AVX512-VNNI for pardec's)"
-    if not k["enabled"]:
+def _kernels_lines(k: dict[str, Any]) -> list[str]:
+    """pardec's own kernel libraries: what each does here, a line each (the AVX512 one for
+    bfloat16, the AVX2 one for float32; an AVX512 CPU runs both)."""
+    lines = []
+    uses = ", ".join(what for name, what in (("bfloat16", "int4, int8 and full weights in bfloat16"), ("int8", "--weights q4q8 in bfloat16")) if k[name])
+    if uses:
+        lines.append(_library_line(uses, k["status"], k["dir"], "in bfloat16", k["enabled"]))
+    avx2 = "full, int8 and q4q8 weights in float32" if k.get("float32") else \
+        "4-bit GGUF models in float32 (q4q8, the native step)" if k.get("blocks4") else ""
+    if avx2:
+        lines.append(_library_line(avx2, k["avx2_status"], k["avx2_dir"], "in float32", k["enabled"]))
+    return lines or ["torch's (this CPU lacks AVX2, FMA and F16C for pardec's)"]
+
+
+def _library_line(uses: str, status: str, directory: str, first: str, enabled: bool) -> str:
+    if not enabled:
         return f"torch's (PARDEC_KERNELS=0); pardec's would run {uses}"
     if status == "built":
         return f"pardec's, built in {directory}: {uses}"

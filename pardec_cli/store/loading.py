@@ -207,7 +207,8 @@ def load_model(
     # built (`_avx2_kernels` starts their build otherwise: this run keeps torch's), and auto
     # may then pick q4q8 for 4-bit blocks.
     float32_cpu = device == "cpu" and dtype == "float32"
-    avx2_ready = float32_cpu and weights in ("auto", "full", "int8") and _avx2_kernels()
+    avx2_ready = float32_cpu and weights in ("auto", "full", "int8") and _avx2_kernels(
+        blocks4=stored_blocks and weights == "auto")
     mode = resolve_weights(weights, dtype=dtype, device=device, stored="q4" if stored_blocks else None, avx2=avx2_ready)
     q4q8 = mode == "q4q8"
     if q4q8:  # int4 codes, on pardec's kernel with int8 activations (`_own_kernels`)
@@ -217,7 +218,7 @@ def load_model(
     # kernel is measured faster only without them, docs/weights.md).
     ours = mode in ("int4", "int8") or (mode == "full" and not cpu_info().has_amx_bf16)
     if q4q8 or (ours and device == "cpu" and dtype == "bfloat16"):
-        records = _own_kernels(device=device, q4q8=q4q8, notice=notice)
+        records = _own_kernels(device=device, dtype=dtype, q4q8=q4q8, notice=notice)
     with quiet_transformers():
         config = _load_config(path, model_type)
         try:
@@ -283,15 +284,16 @@ def load_model(
     return model, tokenizer
 
 
-def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | None) -> str | None:
+def _own_kernels(*, device: str, dtype: str, q4q8: bool, notice: Callable[[str], None] | None) -> str | None:
     """The activations layers multiply on pardec's own kernels (`pardec_cli.kernels`;
     `quant.use_records`) in this load, loading the kernels; None for torch's kernels.
 
     bfloat16 (int4, int8 or dense layers in bfloat16): where this CPU runs the kernel and it is built in
     the store; a first load starts its build in the background and keeps torch's kernel
-    meanwhile. ``--weights q4q8`` (asked for): "int8" on the AVX512 library where the CPU
-    has AVX512-VNNI, else "float32" (the same product on the AVX2 library); the kernel is
-    built now if need be, and a device or CPU without either is an error.
+    meanwhile. ``--weights q4q8`` (asked for, or auto's): in float32 "float32" on the AVX2
+    library wherever it runs (the native step takes those layers), else "int8" on the
+    AVX512 library where the CPU has AVX512-VNNI, else "float32"; the kernel is built now
+    if need be, and a device or CPU without either is an error.
     """
     from pardec_cli import kernels
     from pardec_cli.errors import PardecUsageError
@@ -302,13 +304,13 @@ def _own_kernels(*, device: str, q4q8: bool, notice: Callable[[str], None] | Non
     if q4q8 and device != "cpu":
         raise PardecUsageError(f"--weights q4q8 runs on a CPU, not on {device}", hint="use --weights int4 or full")
     flags = cpu_info().flags
-    if not kernels.cpu_supported(flags, activations):
+    if not kernels.cpu_supported(flags, activations) or (q4q8 and dtype == "float32" and kernels.avx2_runs(flags)):
         if not q4q8:
             return None
         if not kernels.avx2_runs(flags):
             raise PardecUsageError("--weights q4q8 needs a CPU with AVX512-VNNI or AVX2 (and FMA, F16C)",
                                    hint="use --weights int4")  # fmt: skip
-        _build_now(kernels.build_dir(kernels_dir(), kernels.AVX2), notice)
+        _build_now(kernels.build_dir(kernels_dir(), kernels.avx2_library(flags)), notice)
         return "float32"
     if not q4q8 and not kernels.enabled():
         return None
@@ -337,17 +339,38 @@ def _build_now(directory: Path, notice: Callable[[str], None] | None) -> None:
                              hint="remove that folder and try again, or use --weights int4")  # fmt: skip
 
 
-def _avx2_kernels() -> bool:
+def native_blocks(path: Path | None, *, start: bool = False) -> bool:
+    """Whether the model in `path` is kept as GGUF 4-bit blocks and pardec's AVX2 kernels,
+    which run those as q4q8 in float32 (the native step), are built here: what `--dtype
+    auto` weighs (`hardware.resolve_dtype`'s `blocks4`). With `start`, a store without
+    them starts their build in the background for later loads (this one keeps its dtype)."""
+    from pardec_cli import kernels
+    from pardec_cli.hardware import cpu_info
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.store.quantized import is_quantized_dir
+
+    if path is None or not is_quantized_dir(path) or not kernels.enabled():
+        return False
+    flags = cpu_info().flags
+    if not kernels.avx2_runs(flags):
+        return False
+    directory = kernels.build_dir(kernels_dir(), kernels.avx2_library(flags))
+    return kernels.ready(directory) if start else kernels.status(directory) == "built"
+
+
+def _avx2_kernels(*, blocks4: bool) -> bool:
     """Whether float32 layers go to pardec's AVX2 kernels in this load (`kernels.AVX2`):
-    where this CPU wants them (`kernels.avx2_wanted`) and they are built in the store; a
-    first load starts their build in the background and keeps torch's kernels meanwhile."""
+    where this CPU wants them (`kernels.avx2_wanted`; `blocks4`: a model's 4-bit blocks
+    with auto's weights) and they are built in the store; a first load starts their build
+    in the background and keeps torch's kernels meanwhile."""
     from pardec_cli import kernels
     from pardec_cli.hardware import cpu_info
     from pardec_cli.home import kernels_dir
 
-    if not kernels.enabled() or not kernels.avx2_wanted(cpu_info().flags):
+    flags = cpu_info().flags
+    if not kernels.enabled() or not kernels.avx2_wanted(flags, blocks4=blocks4):
         return False
-    return kernels.ready(kernels.build_dir(kernels_dir(), kernels.AVX2))
+    return kernels.ready(kernels.build_dir(kernels_dir(), kernels.avx2_library(flags)))
 
 
 def _check_still_there(path: Path) -> None:
