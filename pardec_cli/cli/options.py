@@ -59,8 +59,10 @@ def model_options(f: F) -> F:
     f = click.option(
         "--dtype", default="auto", show_default=True,
         type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-        help="Weights and compute dtype. auto: bfloat16 where the hardware runs it fast (CUDA with bf16, "
-        "a CPU with AMX or AVX512-bf16), else float32. Greedy output is bit-exact only in float32.",
+        help="Weights and compute dtype. auto: on a CPU, float32 for a GGUF 4-bit model once pardec's kernels "
+        "for it are built (q4q8 in one native call per step, the fastest step measured, AVX512 or not); else "
+        "bfloat16 where the hardware runs it fast (CUDA with bf16, a CPU with AMX or AVX512-bf16), else "
+        "float32. Greedy output is bit-exact only in float32.",
     )(f)
     f = click.option(
         "--weights", default="auto", show_default=True, type=click.Choice(WEIGHT_MODES),
@@ -69,7 +71,7 @@ def model_options(f: F) -> F:
         "by 8-bit activations, as llama.cpp multiplies Q4_1 (CPUs with AVX512-VNNI or AVX2: faster steps, "
         "further from the full model; pardec compiles its kernel once, ~20 s). On a CPU all three also take "
         "the output head's product in int8. auto: what measured fastest for the --dtype on a CPU (q4q8 only "
-        "for a GGUF 4-bit model in float32 on an AVX2 CPU, once pardec's kernels are built), dense on GPUs.",
+        "for a GGUF 4-bit model in float32 on a CPU with AVX2, once pardec's kernels are built), dense on GPUs.",
     )(f)
     f = click.option(
         "-m", "--model", "model", default=None, metavar="MODEL", shell_complete=complete_model,
