@@ -386,7 +386,7 @@ def auto_dtype(device: str, cpu: CpuInfo, gpus: list[GpuInfo] | tuple[GpuInfo, .
     if kind == "mps":
         return "float16"
     # A model kept as 4-bit blocks runs in float32 where pardec's AVX2 library is ready for
-    # it: as q4q8 in the native step, 4.2 ms a token against bfloat16's 28 ms eager (7.5
+    # it: as q4q8 in the native step, 4.4 ms a token against bfloat16's 28 ms eager (7.5
     # compiled) on an AVX512-BF16 EPYC (docs/runner.md, "The native step on AVX512 CPUs").
     if blocks4:
         return "float32"

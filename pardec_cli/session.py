@@ -224,8 +224,8 @@ class Session:
         device = resolve_device(device)
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
         # auto: float32 for a GGUF's 4-bit blocks once the native step's kernels are built here
-        blocks4 = (dtype or "auto").strip().lower() == "auto" and device == "cpu" and native_blocks(resolved.path, start=True)
-        dtype = resolve_dtype(dtype, device, blocks4=blocks4)
+        auto = (dtype or "auto").strip().lower() == "auto"
+        dtype = resolve_dtype(dtype, device, blocks4=auto and device == "cpu" and native_blocks(resolved.path, start=True))
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights, notice=notice)
         # auto: compile for long-lived sessions and long work; for shorter work only when an
         # earlier run saved the steps, and then without compiling any that are missing.
