@@ -344,25 +344,17 @@ def native_blocks(path: Path | None, *, start: bool = False) -> bool:
     which run those as q4q8 in float32 (the native step), are built here: what `--dtype
     auto` weighs (`hardware.resolve_dtype`'s `blocks4`). With `start`, a store without
     them starts their build in the background for later loads (this one keeps its dtype)."""
-    from pardec_cli import kernels
-    from pardec_cli.hardware import cpu_info
-    from pardec_cli.home import kernels_dir
     from pardec_cli.store.quantized import is_quantized_dir
 
-    if path is None or not is_quantized_dir(path) or not kernels.enabled():
-        return False
-    flags = cpu_info().flags
-    if not kernels.avx2_runs(flags):
-        return False
-    directory = kernels.build_dir(kernels_dir(), kernels.avx2_library(flags))
-    return kernels.ready(directory) if start else kernels.status(directory) == "built"
+    return path is not None and is_quantized_dir(path) and _avx2_kernels(blocks4=True, start=start)
 
 
-def _avx2_kernels(*, blocks4: bool) -> bool:
+def _avx2_kernels(*, blocks4: bool, start: bool = True) -> bool:
     """Whether float32 layers go to pardec's AVX2 kernels in this load (`kernels.AVX2`):
     where this CPU wants them (`kernels.avx2_wanted`; `blocks4`: a model's 4-bit blocks
-    with auto's weights) and they are built in the store; a first load starts their build
-    in the background and keeps torch's kernels meanwhile."""
+    with auto's weights) and they are built in the store, loaded then; with `start`, a
+    first load starts their build in the background and keeps torch's kernels meanwhile
+    (without, nothing is loaded or started: `pardec doctor` asks)."""
     from pardec_cli import kernels
     from pardec_cli.hardware import cpu_info
     from pardec_cli.home import kernels_dir
@@ -370,7 +362,8 @@ def _avx2_kernels(*, blocks4: bool) -> bool:
     flags = cpu_info().flags
     if not kernels.enabled() or not kernels.avx2_wanted(flags, blocks4=blocks4):
         return False
-    return kernels.ready(kernels.build_dir(kernels_dir(), kernels.avx2_library(flags)))
+    directory = kernels.build_dir(kernels_dir(), kernels.avx2_library(flags))
+    return kernels.ready(directory) if start else kernels.status(directory) == "built"
 
 
 def _check_still_there(path: Path) -> None:
