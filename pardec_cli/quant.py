@@ -203,8 +203,9 @@ class Int4Linear(nn.Module):
 #: codes then 16 float16 scales and 16 float16 minimums (pardec_cli/data/int4_kernels.cpp).
 RECORD_BLOCK, RECORD_GROUP, RECORD_BYTES = 16, 32, 320
 #: Rows pardec's kernels compute per pass over a block's weights: 8 in the AVX512
-#: library, 4 in the AVX2 one (``activations="float32"``; its int8 products by 4-bit
-#: codes measured 1.52x one row at 4 rows, 2.0x at 5, on a 2-core AVX2 EPYC).
+#: library; in the AVX2 one (``activations="float32"``) what its build says (8 with
+#: AVX512-VNNI, else 4: its int8 products by 4-bit codes measured 1.52x one row at 4 rows,
+#: 2.0x at 5, on a 2-core AVX2 EPYC), 4 where it cannot say.
 RECORD_ROW_TILE = 8
 AVX2_RECORD_ROW_TILE = 4
 _ACTIVATIONS = ("bfloat16", "int8", "float32")
@@ -1248,7 +1249,7 @@ def _hashable(value: object) -> object:
 def row_tile(model: nn.Module) -> int:
     """Rows the model's matmuls compute together: a step of n * tile + 1 rows pays for a
     whole extra tile (`CPU_INT4_ROW_TILE` with torch's int4 kernel on a CPU,
-    `RECORD_ROW_TILE` with pardec's AVX512 library, `AVX2_RECORD_ROW_TILE` with its AVX2
+    `RECORD_ROW_TILE` with pardec's AVX512 library, its AVX2 library's own with that
     one; 1 otherwise)."""
     first = next(model.parameters(), None)
     if first is None or first.device.type != "cpu":
@@ -1259,7 +1260,13 @@ def row_tile(model: nn.Module) -> int:
     records = [m for m in modules if isinstance(m, (Int4Records, _PairRecords))]
     if not records:
         return 1
-    return min(AVX2_RECORD_ROW_TILE if getattr(m, "activations", None) == "float32" else RECORD_ROW_TILE for m in records)
+    return min(_avx2_row_tile() if getattr(m, "activations", None) == "float32" else RECORD_ROW_TILE for m in records)
+
+
+def _avx2_row_tile() -> int:
+    """Rows the loaded AVX2 library's q4q8 products take per pass (its build's own answer)."""
+    ops = torch.ops.pardec_avx2
+    return int(ops.q4q8_row_tile()) if hasattr(ops, "q4q8_row_tile") else AVX2_RECORD_ROW_TILE
 
 
 def weights_label(model: nn.Module) -> str:

@@ -295,8 +295,9 @@ def test_q4q8_on_avx2_keeps_every_method_exact_in_compiled_steps(avx2_dir: Path,
     quant.quantize_linears(model, "int4")
     assert quant.use_records(model, "float32") == 2 * 7 and quant.weights_label(model) == "q4q8"
     assert use_avx2(model) == 1 and quant.kernel_suffix(model) == "+pardec"  # the head: each row alone too
-    # The AVX2 products pass over a block's records 4 rows at a time: drafts fit tiles of 4.
-    assert quant.row_tile(model) == quant.AVX2_RECORD_ROW_TILE == 4
+    # The AVX2 products pass over a block's records 4 rows at a time (8 on 512-bit
+    # registers in the VNNI build): drafts fit those tiles.
+    assert quant.row_tile(model) == torch.ops.pardec_avx2.q4q8_row_tile() == (8 if LIBRARY is kernels.AVX2_VNNI else 4)
     compiled_steps_agree_and_methods_are_exact(model, tmp_path)
 
 
@@ -745,8 +746,9 @@ def test_a_gguf_s_4_bit_blocks_want_the_avx2_library_even_beside_avx512(monkeypa
 
 def test_a_cpu_with_avx512_vnni_gets_the_vnni_build(tmp_path: Path) -> None:
     assert kernels.avx2_library({"avx2", "fma", "f16c"}) is kernels.AVX2
-    assert kernels.avx2_library({"avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni"}) is kernels.AVX2_VNNI
-    assert kernels.avx2_library({"avx2", "fma", "f16c", "avx512_vnni"}) is kernels.AVX2  # 256-bit VPDPBUSD needs VL
+    assert kernels.avx2_library({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}) is kernels.AVX2_VNNI
+    assert kernels.avx2_library({"avx2", "fma", "f16c", "avx512_vnni", "avx512bw"}) is kernels.AVX2  # 256-bit VPDPBUSD needs VL
+    assert kernels.avx2_library({"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"}) is kernels.AVX2  # its 512-bit q4q8 needs BW
     vnni = kernels.build_dir(tmp_path, kernels.AVX2_VNNI)
     assert vnni.name.startswith("avx2vnni-") and vnni != kernels.build_dir(tmp_path, kernels.AVX2)
     assert kernels.library_of(vnni) is kernels.AVX2_VNNI
@@ -754,12 +756,13 @@ def test_a_cpu_with_avx512_vnni_gets_the_vnni_build(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(LIBRARY is not kernels.AVX2_VNNI, reason="this CPU lacks AVX512-VNNI")
 def test_the_vnni_build_gives_the_same_bits_as_the_avx2_one(avx2_dir: Path, tmp_path: Path) -> None:
-    """VPDPBUSD sums a lane's 4 byte products exactly, as VPMADDUBSW + VPMADDWD do: q4q8,
-    the int8 head and a whole native step give the same bits from either build (the other
-    build runs in a process of its own: both register pardec_avx2)."""
+    """VPDPBUSD sums a lane's 4 byte products exactly, as VPMADDUBSW + VPMADDWD do, and the
+    512-bit q4q8 kernel does per lane what the 256-bit one does: q4q8 (9 rows: a tile of 8
+    and one more against tiles of 4) and the int8 head give the same bits from either build
+    (the other build runs in a process of its own: both register pardec_avx2)."""
     other = kernels.build_dir(tmp_path / "kernels", kernels.AVX2)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 256, generator=g)
+    x = torch.randn(9, 256, generator=g)
     blocks = torch.randint(0, 256, (4, 8, 320), dtype=torch.uint8, generator=g)
     blocks[:, :, 256:] = torch.rand(4, 8, 32, generator=g).half().view(torch.uint8).view(4, 8, 64)  # sane f16 scales
     q = torch.randint(-128, 128, (48, 256), dtype=torch.int8, generator=g)

@@ -179,9 +179,16 @@ at::Tensor q8f32_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& 
 // ---- q4q8_mm: 4-bit records by int8 activation groups.
 
 constexpr int64_t kGroup = 32, kBlock = 16, kRecord = 320;
-// Rows per pass over a block's records (4 beat 1, 2 and 8 at 8-16 rows, same at 1-2); the
+// Rows per pass over a block's records: on 16 ymm registers 4 beat 1, 2 and 8 at 8-16
+// rows (same at 1-2); the 512-bit kernel below keeps 8 rows' sums in 16 of its 32. The
 // records 32 ahead (10 KB) are prefetched (8 to 64 ahead measured alike within noise).
-constexpr int64_t kMaxRows = 4, kPrefetch = 32 * kRecord;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define PARDEC_Q4_512 1
+constexpr int64_t kMaxRows = 8;
+#else
+constexpr int64_t kMaxRows = 4;
+#endif
+constexpr int64_t kPrefetch = 32 * kRecord;
 
 inline float lane_max(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -263,8 +270,55 @@ void q4_block_rows(const int8_t* qx, const float* dx, const float* sx, int64_t K
   }
 }
 
+#ifdef PARDEC_Q4_512
+// `q4_block_rows` on 512-bit registers (the VNNI build, -mavx512bw): one register holds
+// the block's 16 outputs, the ymm kernel's two halves side by side, so per lane the same
+// integer products and the same float steps in the same order: the same bits, for half
+// the instructions. 8 rows verified 1.1-1.3x as fast as on ymm registers with 4-row tiles
+// on a Zen 4 EPYC (which runs 512-bit operations on 256-bit units; docs/runner.md).
+template <int R>
+void q4_block_rows_512(const int8_t* qx, const float* dx, const float* sx, int64_t K, int64_t G, const uint8_t* w, float* out,
+                       int64_t ldo) {
+  __m512 acc[R];  // outputs 0-15
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* rec = w + g * kRecord;
+    for (int64_t line = 0; line < kRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
+    __m512i dot[R];
+    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int p = 0; p < 4; ++p) {
+      const __m512i v = _mm512_loadu_si512(rec + 64 * p);  // code chunk p: outputs 0-7, then 8-15
+      const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = qx + r * K + g * kGroup + 8 * p;
+        int32_t xa, xb;
+        __builtin_memcpy(&xa, x, 4);
+        __builtin_memcpy(&xb, x + 4, 4);
+        dot[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(xa)), hi, _mm512_set1_epi32(xb));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 256)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 288)));
+    for (int r = 0; r < R; ++r) {
+      const __m512 ddx = _mm512_set1_ps(dx[r * G + g]), s = _mm512_set1_ps(sx[r * G + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, ddx), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, s, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+}
+#endif
+
 using Q4BlockRows = void (*)(const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, float*, int64_t);
+#ifdef PARDEC_Q4_512
+constexpr Q4BlockRows kQ4BlockRows[kMaxRows + 1] = {nullptr, q4_block_rows_512<1>, q4_block_rows_512<2>, q4_block_rows_512<3>,
+                                                    q4_block_rows_512<4>, q4_block_rows_512<5>, q4_block_rows_512<6>,
+                                                    q4_block_rows_512<7>, q4_block_rows_512<8>};
+#else
 constexpr Q4BlockRows kQ4BlockRows[kMaxRows + 1] = {nullptr, q4_block_rows<1>, q4_block_rows<2>, q4_block_rows<3>, q4_block_rows<4>};
+#endif
 
 // M rows x [M, K] (float32, rows ldx apart) by records w [n/16, K/32, 320] -> out [M, n]
 // (rows ldo apart). qx [M, K], dx and sx [M, K/32]: room for the rows' int8 groups.
@@ -823,6 +877,8 @@ TORCH_LIBRARY(pardec_avx2, m) {
   m.def("q4q8_mm(Tensor x, Tensor w, int n) -> Tensor");
   m.def("q8q8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scaling) -> Tensor");
+  // Rows q4q8_mm multiplies per pass over a block's weights (this build's; `quant.row_tile`).
+  m.def("q4q8_row_tile() -> int", []() -> int64_t { return kMaxRows; });
   m.class_<LlamaWeights>("LlamaWeights")
       .def(torch::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>,
                        std::vector<int64_t>, double, double>())
