@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Reply", "Stream", "generate", "load", "methods", "stream"]
 
 def load(model: str | None = None, *, dtype: str = "auto", device: str = "auto", offline: bool | None = None,
-         compile: str = "off", weights: str = "auto") -> Session:  # fmt: skip
+         compile: str = "auto", weights: str = "auto") -> Session:  # fmt: skip
     """Load a model for generation; returns the `Session` to pass to `generate`/`stream`.
 
     `model` is what ``pardec gen -m`` takes: None for the embedded SmolLM2-135M (converted
@@ -41,13 +41,16 @@ def load(model: str | None = None, *, dtype: str = "auto", device: str = "auto",
     downloaded into the Hugging Face cache unless `offline`), or a model directory.
     `dtype` ("auto", "float32", "bfloat16", "float16"), `device` ("auto", "cpu", "cuda",
     "cuda:1", "mps"), `weights` ("auto", "full", "int8", "int4", "q4q8") and `compile` ("off",
-    "on", "auto") mean what the CLI's flags of the same names mean. Raises a
-    `pardec_cli.errors.PardecError` with a one-line message when the model cannot be
-    found or loaded.
+    "on", "auto") mean what the CLI's flags of the same names mean; `compile="auto"` decides
+    as `pardec gen` does for a reply of `generate`'s default length: the native step where
+    the model takes it (nothing to compile: the embedded model on an AVX2 CPU), else eager
+    steps, never minutes of compiling on load. Raises a `pardec_cli.errors.PardecError`
+    with a one-line message when the model cannot be found or loaded.
     """
-    from pardec_cli.session import Session
+    from pardec_cli.session import DEFAULT_MAX_TOKENS, Session
 
-    return Session.load(model, dtype=dtype, device=device, offline=offline, compile=compile, weights=weights)
+    return Session.load(model, dtype=dtype, device=device, offline=offline, compile=compile, weights=weights,
+                        expected_tokens=DEFAULT_MAX_TOKENS)  # fmt: skip
 
 
 def methods() -> list[str]:
