@@ -165,7 +165,7 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
     depends on measured time, and a sampled reply's tokens on what was drafted, so a
     switching reply would not repeat for its seed.
     """
-    from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, challenger_arm, sibling_arms
+    from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, challenger_arm, sibling_arms, size_free
     from pardec_cli.methods.options import resolve_options
     from pardec_cli.methods.registry import AUTO_OPTIONS, dry_runs, get_spec
 
@@ -185,9 +185,11 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
         if other is None:
             return method, knobs, []
         arms = ["vanilla", challenger_arm(other.method, dict(other.knobs), choice.curve.relative)]
+        arms += _runner_up(choice, size_free(other.method, dict(other.knobs)), arms)
     else:
         arms = [arm_label(method, knobs), *sibling_arms(method, knobs, choice.curve.relative, dry=dry_runs(method))]
         arms = list(dict.fromkeys(arms))
+        arms += _runner_up(choice, size_free(method, knobs), arms)
         if len(arms) < 2 or not all(get_spec(part).sure_or_plain for part in method.split("+")):
             arms.append("vanilla")
     lines = [f"adapt     while decoding, switch among {', '.join(arms)} by measured tokens/s "
@@ -196,6 +198,35 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
         lines.append(f"adapt     plain decoding first: {arm_label(method, knobs)} is expected at "
                      f"{choice.estimate.score:.2f}x, within the {margin:.0%} an arm must win by")
     return "adaptive", {"arms": f" {ARM_SEPARATOR} ".join(arms)}, lines
+
+
+#: A candidate of another configuration than the arms' (not just another size) estimated
+#: at least this share of the choice's speed-up (or of plain decoding's, if more) also
+#: runs as an arm where its method can be dry-run (an idle arm costs only its drafting).
+#: Estimates that close are within what the cost curve's noise moves them by: on a Zen 4
+#: EPYC, 2 rows measured 1.03x one in one run and 1.17x in the next, and the candidate
+#: auto ranked third on chat prompts, pld[num_draft=2], was the best fixed configuration
+#: in 10 of 13 Spec-Bench categories (docs/adaptive.md, session 27).
+RUNNER_UP_SHARE = 0.9
+
+
+def _runner_up(choice: Any, sized: tuple[str, tuple[tuple[str, str], ...]], arms: list[str]) -> list[str]:
+    """[the best candidate unlike the arms (`size_free` of theirs is `sized`) estimated
+    within `RUNNER_UP_SHARE` of the choice, whose method dry-runs], or []."""
+    from pardec_cli.methods.adaptive import arm_label, size_free
+    from pardec_cli.methods.registry import dry_runs
+
+    bar = RUNNER_UP_SHARE * max(choice.estimate.score, 1.0)
+    for estimate in choice.ranking:
+        if estimate.method == "vanilla" or size_free(estimate.method, dict(estimate.knobs)) == sized:
+            continue
+        if arm_label(estimate.method, dict(estimate.knobs)) in arms:
+            continue
+        if estimate.score < bar:
+            return []  # best first: none further is closer
+        if dry_runs(estimate.method):
+            return [arm_label(estimate.method, dict(estimate.knobs))]
+    return []
 
 
 def profile_settings(settings: Settings, profile: Any, user_set: Collection[str],

@@ -19,7 +19,7 @@ from pardec_cli.engine.sampling import SamplingParams
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods import registry
 from pardec_cli.selection.costmodel import CostCurve
-from pardec_cli.methods.adaptive import SwitchPolicy, parse_arms, sized_knobs
+from pardec_cli.methods.adaptive import SwitchPolicy, parse_arms, size_free, sized_knobs
 from pardec_cli.planning import auto_method
 from tests.cli_helpers import invoke
 from tests.stats_helpers import chi_square_p_value
@@ -416,6 +416,32 @@ def test_a_choice_expected_to_gain_less_than_the_switching_margin_starts_behind_
     assert lines[1] == "adapt     plain decoding first: suffix[max_nodes=2] is expected at 1.02x, within the 5% an arm must win by"
     assert auto_method(choice("suffix", {"max_nodes": 2}, score=1.06), {})[1]["arms"] == \
         "suffix[max_nodes=2] | suffix[max_nodes=8]"
+
+
+def test_a_close_candidate_of_another_configuration_joins_the_arms_where_it_can_be_dry_run():
+    """Estimates within 10% of each other are within the cost curve's noise (2 rows at
+    1.03x one in one run, 1.17x in the next): the arms measure both on the text at hand.
+    A size sibling of the arms adds nothing new; an arm that cannot be dry-run would cost
+    probes of real steps."""
+    def est(method, knobs, score):
+        return SimpleNamespace(method=method, knobs=knobs, score=score)
+
+    pld4 = {"num_draft": 4, "min_ngram": 2}
+    ranking = [est("pld", pld4, 1.41), est("pld", {"num_draft": 8, "min_ngram": 2}, 1.36),
+               est("lookahead", {}, 1.35), est("pld", {"num_draft": 2}, 1.31), est("suffix", {}, 1.2)]  # fmt: skip
+    assert auto_method(choice("pld", pld4, ranking, score=1.41), {})[1]["arms"] == (
+        "pld[min_ngram=2,num_draft=4] | pld[min_ngram=2,num_draft=10] | pld[num_draft=2] | vanilla")
+    below = [*ranking[:3], est("pld", {"num_draft": 2}, 1.26), ranking[4]]  # under 90% of 1.41
+    assert auto_method(choice("pld", pld4, below, score=1.41), {})[1]["arms"] == (
+        "pld[min_ngram=2,num_draft=4] | pld[min_ngram=2,num_draft=10] | vanilla")
+    # Expected within the margin of plain decoding: plain first, the choice's challenger,
+    # and the runner-up, held to 90% of plain decoding's speed.
+    slim = [est("vanilla", {}, 1.0), est("pld", {"num_draft": 2}, 0.96), est("suffix", {}, 0.8)]
+    assert auto_method(choice("pld", pld4, [est("pld", pld4, 1.02), *slim], score=1.02), {})[1]["arms"] == (
+        "vanilla | pld[min_ngram=2,num_draft=4] | pld[num_draft=2]")
+    assert size_free("pld", {"num_draft": 8, "min_ngram": 2}) == size_free("pld", {"num_draft": 2, "min_ngram": 2})
+    assert size_free("pld", {"num_draft": 2}) != size_free("pld", {"num_draft": 2, "min_ngram": 2})
+    assert size_free("suffix+recycling", {"suffix.max_nodes": 8, "recycling.nodes": 8}) == size_free("suffix+recycling", {})
 
 
 def test_the_challenger_of_plain_decoding_drafts_only_as_much_as_junk_can_cheaply_cost():

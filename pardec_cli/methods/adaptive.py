@@ -408,6 +408,19 @@ def sized_knobs(method: str, knobs: dict[str, Any], share: float) -> tuple[dict[
     return sized, largest
 
 
+def size_free(method: str, knobs: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The configuration less its size knobs (`MethodSpec.size_option`, each part's):
+    configurations that differ only in size (the arms `sibling_arms` makes) give the same."""
+    from pardec_cli.methods.registry import get_spec
+
+    sizes = set()
+    for part in method.split("+"):
+        option = get_spec(part).size_option
+        if option is not None:
+            sizes |= {option, f"{part}.{option}"}
+    return method, tuple(sorted((key, str(value)) for key, value in knobs.items() if key not in sizes))
+
+
 def challenger_arm(method: str, knobs: dict[str, Any], relative_cost: Callable[[float], float],
                    shares: Sequence[float] = CHALLENGER_SHARES) -> str:  # fmt: skip
     """A cheap arm of this configuration: at the largest of `shares` of its size whose
