@@ -128,6 +128,27 @@ def test_the_quick_pool_is_the_profiles_own_candidates_without_neighbours() -> N
     assert len(candidate_pool(profile, THIS_CPU)) > len(quick)
 
 
+def test_the_quick_pool_takes_the_candidates_the_cost_model_ranks_highest_on_this_curve() -> None:
+    """A profile lists its candidates for a class of hardware; on this machine's curve the
+    fourth may be the one that pays (pld[num_draft=2] on a Zen 4 EPYC)."""
+    from pardec_cli.methods.registry import METHODS
+    from pardec_cli.selection.costmodel import CostCurve, ModelShape
+    from pardec_cli.selection.selector import prior_estimates
+    from pardec_cli.tuning.space import likeliest_first
+
+    profile = Profile("t", "", {}, {"default": (
+        Candidate("suffix", {"max_nodes": 8}, 1.2, 3.0), Candidate("pld", {"num_draft": 8}, 1.2, 2.0),
+        Candidate("recycling", {}, 1.4, 10.0), Candidate("pld", {"num_draft": 2}, 1.15, 0.9),
+    )}, ("t",))  # fmt: skip
+    pool = candidate_pool(profile, THIS_CPU, neighbours_too=False)
+    steep = CostCurve.from_mapping({1: 4.0, 2: 4.2, 4: 6.0, 8: 10.0, 16: 20.0, 32: 40.0}, "measured")
+    estimates = prior_estimates(hardware=THIS_CPU, model=ModelShape(135_000_000, 30), profile=profile, greedy=True,
+                                accelerators=(), curve=steep, methods=METHODS)  # fmt: skip
+    ranked = [c.label for c in likeliest_first(pool, estimates)]
+    assert ranked[0] == "pld[num_draft=2]" and ranked[-1] == "recycling"
+    assert [c.label for c in likeliest_first(pool, [])] == [c.label for c in pool]  # nothing estimated: profile order
+
+
 def test_each_candidate_is_also_measured_at_the_size_this_machines_curve_makes_cheap() -> None:
     """On a curve where 16 nodes cost 3x one token (a CPU's int4 kernel), suffix[16] is
     followed by suffix[4] (5 rows: <= 1.5 plain steps); on a flat curve it is cheap already."""

@@ -109,6 +109,13 @@ def candidate_pool(
     return pool
 
 
+def likeliest_first(pool: Sequence[TuneCandidate], estimates: Sequence[Any]) -> list[TuneCandidate]:
+    """`pool` by the cost model's expected speed-up (`selection.selector.Estimate`s), best
+    first; ties and candidates it did not estimate keep their order, the latter last."""
+    expected = {normalize(e.method, dict(e.knobs)).label: e.speedup for e in estimates}
+    return sorted(pool, key=lambda c: -expected.get(c.label, 0.0))
+
+
 def with_curve_sizes(pool: Sequence[TuneCandidate], relative_cost: Callable[[float], float]) -> list[TuneCandidate]:
     """Each candidate followed by itself at the size whose verification costs at most
     `methods.adaptive.CHALLENGER_MAX_COST` plain steps on this curve (`relative_cost(rows)`;
