@@ -6,7 +6,10 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from pardec_cli.engine.attention import CPU_ATTENTION, KERNEL_ATTENTION, MAX_ROWS, REDUCE_ROWS, attend, cpu_attention
+from pardec_cli.engine import attention
+from pardec_cli.engine.attention import (
+    CAUSAL_PREFILL, CPU_ATTENTION, KERNEL_ATTENTION, MAX_ROWS, REDUCE_ROWS, attend, cpu_attention,
+)
 from pardec_cli.engine.runner import PRECOMPILE_OPTIONS, CompiledLanguageModel, runner_attention, step_options
 from tests.tiny_models import tiny_llama
 
@@ -79,6 +82,36 @@ def test_a_prefill_is_eager_attention_fused(dtype, atol, start, heads, kv_heads)
     assert torch.allclose(got.float(), expected, atol=atol)
     unmasked, _ = eager_attention_forward(module, query, key, value, None, scaling=0.25)
     assert torch.allclose(cpu_attention(module, query, key, value, None, scaling=0.25)[0], unmasked, atol=1e-5)
+
+
+def test_a_fresh_prefill_leaves_the_mask_out_and_is_causal_from_the_top_left(monkeypatch):
+    """No cached rows and a chain: row i sees keys 0..i, whatever the window holds past the
+    prompt's rows, so torch's fused attention can skip the blocks above the diagonal. The
+    runner says so for a fresh prefill only, not for one after cached rows."""
+    generator = torch.Generator().manual_seed(11)
+    rows, dim = MAX_ROWS + 6, 16
+    width = rows + 10  # rows past the prompt's: a reused cache's stale ones
+    query = torch.randn(1, 9, rows, dim, generator=generator)
+    key = torch.randn(1, 3, width, dim, generator=generator)
+    value = torch.randn(1, 3, width, dim, generator=generator)
+    seen = torch.arange(width) <= torch.arange(rows)[:, None]
+    mask = torch.zeros(rows, width).masked_fill(~seen, torch.finfo(torch.float32).min)[None, None]
+    expected, _ = eager_attention_forward(_Module(3), query, key, value, mask, scaling=0.25)
+    got, _ = cpu_attention(_Module(3), query, key, value, mask, scaling=0.25, **{CAUSAL_PREFILL: True})
+    assert torch.allclose(got, expected, atol=1e-5)
+
+    calls = []
+    fused = attention.prefill_attention
+    monkeypatch.setattr(attention, "prefill_attention", lambda *args, causal=False: calls.append(causal) or fused(*args, causal=causal))
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    model = tiny_llama(0, layers=2).to(torch.bfloat16)
+    lm = CompiledLanguageModel(model, compile_fn=lambda fn, **kwargs: fn)
+    assert model.config._attn_implementation == CPU_ATTENTION
+    cache = lm.new_cache(400)
+    with torch.inference_mode():
+        lm.forward([3 + i % 90 for i in range(rows)], cache, last_only=True)  # fresh
+        lm.forward([5 + i % 90 for i in range(rows)], cache, last_only=True)  # after the first rows
+    assert calls == [True, True, False, False]  # per layer
 
 
 def test_products_only_inside_a_compiled_step_of_a_few_rows(monkeypatch):

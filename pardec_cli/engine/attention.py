@@ -37,6 +37,11 @@ KERNEL_ATTENTION = "pardec_kernel"
 #: Up to this many query rows (a decoding or verifying step) the op serves; a longer
 #: prefill goes to torch's fused attention (`prefill_attention`).
 MAX_ROWS = 64
+#: The keyword argument the runner passes (through transformers, to these attention
+#: functions) with a fresh prefill: no cached rows, a plain chain, so row i sees keys 0..i
+#: and torch's fused attention may skip the blocks above the diagonal (`is_causal`)
+#: instead of adding a written-out mask to every block.
+CAUSAL_PREFILL = "pardec_causal_prefill"
 
 
 def cpu_attention(
@@ -50,13 +55,14 @@ def cpu_attention(
     if scaling is None:
         scaling = module.head_dim**-0.5
     if query.shape[2] > MAX_ROWS and kwargs.get("softcap") is None:
-        return prefill_attention(query, key, value, attention_mask, scaling), None
+        return prefill_attention(query, key, value, attention_mask, scaling, causal=bool(kwargs.get(CAUSAL_PREFILL))), None
     products = query.shape[2] <= REDUCE_ROWS and torch.compiler.is_compiling()
     return attend(query, key, value, attention_mask, scaling, products=products, softcap=kwargs.get("softcap"))
 
 
 def prefill_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float, *,
+    causal: bool = False,
 ) -> torch.Tensor:
     """A prompt's attention (more rows than any decoding step verifies): query [B, H, q, D],
     key and value [B, H_kv, W, D], an additive mask [B, 1, q, W] or None -> output [B, q, H, D].
@@ -64,11 +70,18 @@ def prefill_attention(
     torch's fused attention (blocks of keys, an online softmax, key-value heads read in
     place) instead of eager's `matmul`, which wrote out every score and copied each
     key-value head per query head (docs/runner.md, session 24). Every method's reply starts
-    from the same prefill, so its arithmetic need not be a decoding step's."""
-    if mask is not None and mask.dtype != query.dtype:
+    from the same prefill, so its arithmetic need not be a decoding step's.
+
+    `causal`: a fresh prefill (`CAUSAL_PREFILL`), row i at position i: the mask is left out
+    and the attention is causal from the top left (row i sees keys 0..i; the cache's rows
+    past q are never seen), so the blocks above the diagonal are skipped (docs/runner.md,
+    session 27)."""
+    if causal:
+        mask = None
+    elif mask is not None and mask.dtype != query.dtype:
         mask = mask.to(query.dtype)
     output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1],
+        query, key, value, attn_mask=mask, scale=scaling, is_causal=causal, enable_gqa=key.shape[1] != query.shape[1],
     )
     return output.transpose(1, 2).contiguous()
 

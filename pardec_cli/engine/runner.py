@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from pardec_cli.engine.attention import CPU_ATTENTION, KERNEL_ATTENTION, REDUCE_ROWS
+from pardec_cli.engine.attention import CAUSAL_PREFILL, CPU_ATTENTION, KERNEL_ATTENTION, REDUCE_ROWS
 from pardec_cli.engine.attention import register as register_attention
 from pardec_cli.engine.model import TREE_ATTENTION, LanguageModel
 from pardec_cli.engine.native import NativeStep, native_reason
@@ -507,7 +507,9 @@ class CompiledLanguageModel(LanguageModel):
         elif kind is not None:
             out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden, self._cache_keyword))
         if out is None:
-            out = self._eager(input_ids, positions, mask, cache, hidden, last_only)
+            # A fresh prefill of a chain: causal from the top left, no mask to read (`attention.prefill_attention`).
+            causal = kind is None and start == 0 and parents is None
+            out = self._eager(input_ids, positions, mask, cache, hidden, last_only, causal=causal)
         cache.length = start + rows
         logits, states = out
         if padding:  # [1, rows + padding, V] -> [1, rows, V]; hidden states alike
@@ -593,10 +595,15 @@ class CompiledLanguageModel(LanguageModel):
         self._on_notice(f"the saved {kind} step does not fit this model ({reason}); compiling it again")
         return self._eager(input_ids, positions, mask, cache, hidden, False)  # the eager step's rows in the cache
 
-    def _eager(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, hidden: bool, last_only: bool) -> tuple[torch.Tensor, Any]:
+    def _eager(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, hidden: bool,
+               last_only: bool, *, causal: bool = False) -> tuple[torch.Tensor, Any]:  # fmt: skip
+        # `causal` goes to pardec's own attention functions only (transformers passes the
+        # model's extra keyword arguments on to its attention function).
+        ours = getattr(self.model.config, "_attn_implementation", None) in (CPU_ATTENTION, KERNEL_ATTENTION)
+        extra = {CAUSAL_PREFILL: True} if causal and ours else {}
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-            output_hidden_states=hidden, logits_to_keep=1 if last_only else 0, **{self._cache_keyword: cache},
+            output_hidden_states=hidden, logits_to_keep=1 if last_only else 0, **{self._cache_keyword: cache}, **extra,
         )
         return out.logits, (tuple(out.hidden_states) if hidden else None)
 
