@@ -390,11 +390,7 @@ def sized_knobs(method: str, knobs: dict[str, Any], share: float) -> tuple[dict[
     from pardec_cli.methods.registry import get_spec
 
     sized, largest = dict(knobs), None
-    for part in method.split("+"):
-        option = get_spec(part).size_option
-        if option is None:
-            continue
-        key = f"{part}.{option}" if "+" in method else option
+    for part, option, key in _size_knobs(method):
         default = next(o.default for o in get_spec(part).options if o.name == option)
         current = sized.get(key, sized.get(option))
         if current is None:
@@ -408,16 +404,20 @@ def sized_knobs(method: str, knobs: dict[str, Any], share: float) -> tuple[dict[
     return sized, largest
 
 
-def size_free(method: str, knobs: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """The configuration less its size knobs (`MethodSpec.size_option`, each part's):
-    configurations that differ only in size (the arms `sibling_arms` makes) give the same."""
+def _size_knobs(method: str) -> list[tuple[str, str, str]]:
+    """(part, its size knob `MethodSpec.size_option`, that knob's key in `method`'s knobs:
+    PART.KNOB in a `+` combination) for each part of `method` that has one."""
     from pardec_cli.methods.registry import get_spec
 
-    sizes = set()
-    for part in method.split("+"):
-        option = get_spec(part).size_option
-        if option is not None:
-            sizes |= {option, f"{part}.{option}"}
+    return [(part, option, f"{part}.{option}" if "+" in method else option)
+            for part in method.split("+") if (option := get_spec(part).size_option) is not None]  # fmt: skip
+
+
+def size_free(method: str, knobs: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The configuration less its size knobs (each part's, under either key `sized_knobs`
+    reads): configurations that differ only in size (the arms `sibling_arms` makes) give
+    the same."""
+    sizes = {name for _, option, key in _size_knobs(method) for name in (option, key)}
     return method, tuple(sorted((key, str(value)) for key, value in knobs.items() if key not in sizes))
 
 
