@@ -285,7 +285,8 @@ def _register_fakes(library: Library = AVX512) -> None:
     if library.namespace == AVX2.namespace:  # x [M, K] by w [N, K] -> [M, N] float32
         torch.library.register_fake("pardec_avx2::f32_mm", lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
         torch.library.register_fake("pardec_avx2::q8f32_mm", lambda x, q, scales: x.new_empty((x.shape[0], q.shape[0])))
-        torch.library.register_fake("pardec_avx2::q8q8_mm", lambda x, q, scales: x.new_empty((x.shape[0], q.shape[0])))
+        # x [M, K] by packed codes (`quant.pack_head`) and scales [N] -> [M, N]
+        torch.library.register_fake("pardec_avx2::q8q8_mm", lambda x, q, scales: x.new_empty((x.shape[0], scales.shape[0])))
         # x [M, K] by records w [N/16, K/32, 320] -> [M, n] float32
         torch.library.register_fake("pardec_avx2::q4q8_mm", lambda x, w, n: x.new_empty((x.shape[0], n), dtype=torch.float32))
         # query [B, H, R, D] -> output [B, R, H, D]

@@ -951,7 +951,8 @@ class Int8F32Head(RecordsHead):
         super().__init__(dense)
         codes, scales, smooth = smoothed_int8(dense.weight)
         self.register_buffer("smooth", smooth)  # [K] float32
-        self.register_buffer("codes", codes)  # [V, K] int8
+        # Inputs in 32s: records of 16 outputs by 32 inputs (`pack_head`) for q8q8_mm; else [V, K].
+        self.register_buffer("codes", pack_head(codes) if self.in_features % 32 == 0 else codes)
         self.register_buffer("scales", scales)  # [V] float32
 
     @staticmethod
@@ -967,6 +968,18 @@ class Int8F32Head(RecordsHead):
     def extra_repr(self) -> str:
         by = "int8 activations in groups of 32" if self.in_features % 32 == 0 else "float32 activations"
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row by {by}, pardec's AVX2 kernel"
+
+
+def pack_head(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes [N, K] (K a multiple of 32) as ``pardec_avx2::q8q8_mm`` takes them:
+    [ceil(N/16), K/32, 512], record (b, g) holding outputs 16b..16b+15 by inputs 32g..32g+31
+    with byte 64 p + 4 i + b = q[16b + i, 32g + 4p + b] (one register: 16 outputs' next 4
+    codes). A short last block is padded with zero codes."""
+    n, k = codes.shape
+    padded = torch.zeros(-(-n // 16) * 16, k, dtype=torch.int8)
+    padded[:n] = codes
+    # [NB, 16 (i), G, 8 (p), 4 (b)] -> [NB, G, p, i, b]
+    return padded.view(-1, 16, k // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, k // 32, 512).contiguous()
 
 
 def smoothed_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

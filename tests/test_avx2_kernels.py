@@ -87,6 +87,7 @@ def test_the_ops_split_their_work_over_torch_s_threads_with_the_same_result(avx2
 def test_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
     w, q, scales = weights(16, 64)
     x = torch.randn(2, 64)
+    packed = quant.pack_head(q)
     for bad in (
         lambda: torch.ops.pardec_avx2.f32_mm(x[:, :60], w[:, :60].contiguous()),  # K not a multiple of 8
         lambda: torch.ops.pardec_avx2.f32_mm(x, w[:, :56].contiguous()),  # K differs
@@ -98,9 +99,11 @@ def test_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
         lambda: torch.ops.pardec_avx2.q8f32_mm(x, q, scales.double()),
         lambda: torch.ops.pardec_avx2.q8f32_mm(x, q.to(torch.uint8), scales),
         lambda: torch.ops.pardec_avx2.q8q8_mm(x[:, :40], q[:, :40].contiguous(), scales),  # K not a multiple of 32
-        lambda: torch.ops.pardec_avx2.q8q8_mm(x, q, scales[:8]),
-        lambda: torch.ops.pardec_avx2.q8q8_mm(x, q.to(torch.uint8), scales),
-        lambda: torch.ops.pardec_avx2.q8q8_mm(x.double(), q, scales),
+        lambda: torch.ops.pardec_avx2.q8q8_mm(x, q, scales),  # codes not packed
+        lambda: torch.ops.pardec_avx2.q8q8_mm(x, packed, torch.rand(17)),  # 17 outputs need 2 blocks of 16
+        lambda: torch.ops.pardec_avx2.q8q8_mm(x, packed.view(torch.uint8), scales),
+        lambda: torch.ops.pardec_avx2.q8q8_mm(x.double(), packed, scales),
+        lambda: torch.ops.pardec_avx2.q8q8_mm(x[:, :32], packed, scales),  # K differs
     ):
         with pytest.raises(RuntimeError):
             bad()
@@ -134,11 +137,21 @@ def test_an_int8_layer_on_the_kernel_gives_what_torch_s_int8_kernel_gives(avx2_d
     assert Int8F32.from_int8(Int8Linear.from_weight(torch.randn(8, 64).bfloat16())) is None  # bfloat16 scales
 
 
-@pytest.mark.parametrize(("rows", "n", "k"), [(1, 64, 64), (3, 37, 96), (5, 50, 576), (9, 33, 32)])
+def test_the_head_s_codes_are_packed_16_outputs_by_32_inputs() -> None:
+    """Record (b, g), byte 64 p + 4 i + j: q[16 b + i, 32 g + 4 p + j]; a short last block padded with zeros."""
+    q = torch.randint(-127, 128, (37, 96), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    packed = quant.pack_head(q)
+    assert packed.shape == (3, 3, 512) and packed.dtype == torch.int8 and packed.is_contiguous()
+    for b, g, p, i, j in [(0, 0, 0, 0, 0), (0, 0, 0, 0, 3), (0, 0, 0, 1, 0), (0, 0, 1, 0, 0), (1, 2, 7, 15, 3), (2, 1, 5, 4, 2)]:
+        assert packed[b, g, 64 * p + 4 * i + j] == q[16 * b + i, 32 * g + 4 * p + j]
+    assert not packed[2].view(3, 8, 16, 4)[:, :, 5:].any()  # outputs 37..47 do not exist
+
+
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 64, 64), (3, 37, 96), (5, 50, 576), (9, 33, 32), (17, 16, 64)])
 def test_q8q8_multiplies_int8_codes_by_int8_activation_groups(avx2_dir: Path, rows: int, n: int, k: int) -> None:
     """Each row's groups of 32 become int8 codes with d = max|x| / 127, as llama.cpp's
     Q8_0 by Q8_0: y = scale * sum_g d_g * (integer sum of codes by codes). Codes of -128
-    too; an odd number of outputs; each row the same bits alone."""
+    too; a short last block of outputs; rows past a tile; each row the same bits alone."""
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, k, generator=g)
     q = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
@@ -148,9 +161,10 @@ def test_q8q8_multiplies_int8_codes_by_int8_activation_groups(avx2_dir: Path, ro
     qx = torch.round(groups / d[..., None]).clamp(-127, 127)
     sums = torch.einsum("mgk,ngk->mng", qx.double(), q.view(n, k // 32, 32).double())  # exact integers
     want = (sums * d.double()[:, None, :]).sum(-1) * scales.double()
-    got = torch.ops.pardec_avx2.q8q8_mm(x, q, scales)
+    packed = quant.pack_head(q)
+    got = torch.ops.pardec_avx2.q8q8_mm(x, packed, scales)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
-    assert all(torch.equal(torch.ops.pardec_avx2.q8q8_mm(x[i:i + 1], q, scales)[0], got[i]) for i in range(rows))
+    assert all(torch.equal(torch.ops.pardec_avx2.q8q8_mm(x[i:i + 1], packed, scales)[0], got[i]) for i in range(rows))
 
 
 @pytest.mark.parametrize("k", [64, 72])  # inputs in groups of 32 (q8q8_mm), or not (q8f32_mm)
@@ -757,8 +771,8 @@ def test_a_cpu_with_avx512_vnni_gets_the_vnni_build(tmp_path: Path) -> None:
 @pytest.mark.skipif(LIBRARY is not kernels.AVX2_VNNI, reason="this CPU lacks AVX512-VNNI")
 def test_the_vnni_build_gives_the_same_bits_as_the_avx2_one(avx2_dir: Path, tmp_path: Path) -> None:
     """VPDPBUSD sums a lane's 4 byte products exactly, as VPMADDUBSW + VPMADDWD do, and the
-    512-bit q4q8 kernel does per lane what the 256-bit one does: q4q8 (9 rows: a tile of 8
-    and one more against tiles of 4) and the int8 head give the same bits from either build
+    512-bit kernels do per lane what the 256-bit ones do: q4q8 and the int8 head (9 rows: a
+    tile of 8 and one more against tiles of 4) give the same bits from either build
     (the other build runs in a process of its own: both register pardec_avx2)."""
     other = kernels.build_dir(tmp_path / "kernels", kernels.AVX2)
     g = torch.Generator().manual_seed(0)
@@ -766,6 +780,8 @@ def test_the_vnni_build_gives_the_same_bits_as_the_avx2_one(avx2_dir: Path, tmp_
     blocks = torch.randint(0, 256, (4, 8, 320), dtype=torch.uint8, generator=g)
     blocks[:, :, 256:] = torch.rand(4, 8, 32, generator=g).half().view(torch.uint8).view(4, 8, 64)  # sane f16 scales
     q = torch.randint(-128, 128, (48, 256), dtype=torch.int8, generator=g)
+    q[:, :5] = -128  # VPDPBUSD's unsigned q + 128 and VPMADDUBSW's |q| (128 as a byte) both take it
+    q = quant.pack_head(q)
     scales = torch.rand(48, generator=g)
     torch.save({"x": x, "blocks": blocks, "q": q, "scales": scales}, tmp_path / "inputs.pt")
     ours = (torch.ops.pardec_avx2.q4q8_mm(x, blocks, 64), torch.ops.pardec_avx2.q8q8_mm(x, q, scales))

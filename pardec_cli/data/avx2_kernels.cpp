@@ -355,79 +355,159 @@ at::Tensor q4q8_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
   return out;
 }
 
-// ---- q8q8_mm: int8 weights [N, K] (one float32 scale per output, the head's) by activations
+// ---- q8q8_mm: int8 weights (one float32 scale per output, the head's) by activations
 // quantized to int8 in groups of 32 (`quantize_group`), as llama.cpp multiplies Q8_0 by Q8_0:
 //   y[r, n] = scale[n] sum_g d_x[r, g] sum_k q[n, k] q_x[r, k].
-// VPMADDUBSW wants one unsigned operand: |q| (VPSIGNB of q by itself) times q_x with q's
-// sign; a pair of such products is at most 2 * 128 * 127 in int16. Against q8f32_mm's
-// float32 activations (one conversion and one FMA per 8 weights and row) the head's 28 MB
-// streamed in ~1.2 instead of ~2.0 ms on a 2-core AVX2 EPYC, cold cache (docs/runner.md).
-// Each (row, output) sums its groups in order, 8 lanes then the lanes: rows stay alone.
+// The codes come in records of 16 outputs by a group of 32 inputs (`quant.pack_head`):
+// int8 [N/16, K/32, 512], byte 64 p + 4 i + b of a record holding q[i, 4p + b]. So one
+// register holds 16 (or 8) outputs' next 4 codes and a row's 4 activation codes are one
+// broadcast: a group's integer sum for 16 outputs takes 8 VPDPBUSD and one float step
+// (the old layout, one output per 32-byte row, paid a conversion and an FMA per group and
+// output: 16 rows of the head took ~4.2 ms of a 15.6 ms step on a Zen 4; docs/runner.md).
+// VPDPBUSD wants unsigned weights: q + 128 (the sign bit flipped), its sums less 128 times
+// the group's activation codes' sum. Without VNNI, VPMADDUBSW multiplies |q| by q_x with
+// q's sign (a pair at most 2 * 128 * 127 in int16) and VPMADDWD widens each pair (as fast
+// as the old layout there). Either way a group's sum is the exact integer, so both builds
+// give the same bits. Each (row, output) sums its groups in order: rows stay alone.
 
-constexpr int64_t kHeadOut = 2, kHeadRows = 4;
-// A block's 2 rows are 2 * K bytes: each group prefetches one line 2 KB on, so a block
-// fetches about the block two ahead (0, 2 and 4 KB measured: 2 best).
-constexpr int64_t kHeadPrefetch = 2048;
+constexpr int64_t kHeadRecord = 512;  // bytes per (16 outputs, 32 inputs)
+// Records 128 ahead (64 KB) are fetched into L2: with the head cold (as a step reads it,
+// after every layer's weights) that beat fetching 1-48 KB ahead into L1, or nothing, at
+// 1-16 rows on a Zen 4 (docs/runner.md).
+constexpr int64_t kHeadPrefetch = 128 * kHeadRecord;
+#ifdef PARDEC_Q4_512
+constexpr int64_t kHeadRows = 8;
+#else
+constexpr int64_t kHeadRows = 4;
+#endif
 
-// R rows (codes qx [R, K], d_x [R, K/32]) by the 2 weight rows w0, w1 -> out [R, 2] (rows ldo apart).
-template <int R>
-void q8_block_rows(const int8_t* qx, const float* dx, int64_t K, const int8_t* w0, const int8_t* w1, const float* scale, int64_t outs,
-                   float* out, int64_t ldo) {
-  const int64_t G = K / kGroup;
-  __m256 acc0[R], acc1[R];
-  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    _mm_prefetch(reinterpret_cast<const char*>(w0 + kHeadPrefetch + g * 64), _MM_HINT_T0);
-    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + g * kGroup));
-    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1 + g * kGroup));
-    const __m256i a0 = _mm256_sign_epi8(v0, v0), a1 = _mm256_sign_epi8(v1, v1);
-    for (int r = 0; r < R; ++r) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + r * K + g * kGroup));
-      const __m256 d = _mm256_set1_ps(dx[r * G + g]);
-      const __m256i p0 = widen(add_products(_mm256_setzero_si256(), a0, _mm256_sign_epi8(xv, v0)));
-      const __m256i p1 = widen(add_products(_mm256_setzero_si256(), a1, _mm256_sign_epi8(xv, v1)));
-      acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), d, acc0[r]);
-      acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), d, acc1[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    out[r * ldo] = lane_sum(acc0[r]) * scale[0];
-    if (outs > 1) out[r * ldo + 1] = lane_sum(acc1[r]) * scale[1];
-  }
+inline int32_t four_codes(const int8_t* x) {
+  int32_t v;
+  __builtin_memcpy(&v, x, 4);
+  return v;
 }
 
-using Q8BlockRows = void (*)(const int8_t*, const float*, int64_t, const int8_t*, const int8_t*, const float*, int64_t, float*, int64_t);
-constexpr Q8BlockRows kQ8BlockRows[kHeadRows + 1] = {nullptr, q8_block_rows<1>, q8_block_rows<2>, q8_block_rows<3>, q8_block_rows<4>};
+// R rows (codes qx [R, K], d_x [R, G], cx [R, G]: -128 times each group's code sum) by one
+// block's G records w -> out [R, 16] (rows ldo apart), each times scale [16].
+template <int R>
+void q8_head_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t K, int64_t G, const int8_t* w, const float* scale,
+                  float* out, int64_t ldo) {
+#ifdef PARDEC_Q4_512
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t g = 0; g < G; ++g) {
+    const int8_t* rec = w + g * kHeadRecord;
+    for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kHeadPrefetch + line), _MM_HINT_T1);
+    __m512i u[8];  // q + 128
+    for (int p = 0; p < 8; ++p) u[p] = _mm512_xor_si512(_mm512_loadu_si512(rec + 64 * p), flip);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = qx + r * K + g * kGroup;
+      __m512i s0 = _mm512_set1_epi32(cx[r * G + g]), s1 = _mm512_setzero_si512();  // two chains of 4
+      for (int p = 0; p < 8; p += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, u[p], _mm512_set1_epi32(four_codes(x + 4 * p)));
+        s1 = _mm512_dpbusd_epi32(s1, u[p + 1], _mm512_set1_epi32(four_codes(x + 4 * p + 4)));
+      }
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(dx[r * G + g]), acc[r]);
+    }
+  }
+  const __m512 sc = _mm512_loadu_ps(scale);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, _mm512_mul_ps(acc[r], sc));
+#else
+  (void)cx;
+  // Each half of the block (8 outputs) in a pass of its own: its |q| (8 registers) and the
+  // rows' sums stay in the 16 ymm registers.
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int8_t* rec = w + g * kHeadRecord;
+      if (half == 0) {
+        for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kHeadPrefetch + line), _MM_HINT_T1);
+      }
+      const int8_t* h = rec + 32 * half;
+      __m256i a[8];  // |q|
+      for (int p = 0; p < 8; ++p) a[p] = _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p)));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = qx + r * K + g * kGroup;
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int p = 0; p < 8; p += 2) {
+          const __m256i x0 = _mm256_set1_epi32(four_codes(x + 4 * p)), x1 = _mm256_set1_epi32(four_codes(x + 4 * p + 4));
+          const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p));
+          const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p + 64));
+          s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p], _mm256_sign_epi8(x0, q0)), ones));
+          s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p + 1], _mm256_sign_epi8(x1, q1)), ones));
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_set1_ps(dx[r * G + g]), acc[r]);
+      }
+    }
+    const __m256 sc = _mm256_loadu_ps(scale + 8 * half);
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo + 8 * half, _mm256_mul_ps(acc[r], sc));
+  }
+#endif
+}
 
-// x [M, K] float32 (K a multiple of 32) by codes q [N, K] and scales [N] -> y [M, N].
-void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale, int64_t N, float* y) {
-  const int64_t G = K / kGroup;
+using Q8HeadRows = void (*)(const int8_t*, const float*, const int32_t*, int64_t, int64_t, const int8_t*, const float*, float*, int64_t);
+#ifdef PARDEC_Q4_512
+constexpr Q8HeadRows kQ8HeadRows[kHeadRows + 1] = {nullptr, q8_head_rows<1>, q8_head_rows<2>, q8_head_rows<3>, q8_head_rows<4>,
+                                                   q8_head_rows<5>, q8_head_rows<6>, q8_head_rows<7>, q8_head_rows<8>};
+#else
+constexpr Q8HeadRows kQ8HeadRows[kHeadRows + 1] = {nullptr, q8_head_rows<1>, q8_head_rows<2>, q8_head_rows<3>, q8_head_rows<4>};
+#endif
+
+// x [M, K] float32 (K a multiple of 32) by packed codes w [ceil(N/16), K/32, 512] and scales
+// [N] -> y [M, N].
+void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const float* scale, int64_t N, float* y) {
+  const int64_t G = K / kGroup, NB = (N + kBlock - 1) / kBlock;
   std::vector<int8_t> qx(M * K);
   std::vector<float> dx(M * G), sx(M * G);  // s_x: unused here (no minimums)
+  std::vector<int32_t> cx(M * G);
   quantize_rows(x, K, M, K, qx.data(), dx.data(), sx.data());
-  // 16 blocks (32 outputs) at least per task: torch's threads take contiguous ranges.
-  at::parallel_for(0, (N + kHeadOut - 1) / kHeadOut, 16, [&](int64_t b0, int64_t b1) {
+  for (int64_t i = 0; i < M * G; ++i) {
+    int32_t sum = 0;
+    for (int64_t k = 0; k < kGroup; ++k) sum += qx[i * kGroup + k];
+    cx[i] = -128 * sum;
+  }
+  // 4 blocks (64 outputs) at least per task: torch's threads take contiguous ranges.
+  at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
+    alignas(64) float part[kHeadRows * kBlock], part_scale[kBlock];
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * kHeadOut, outs = std::min(kHeadOut, N - n0);
-      const int8_t* w0 = q + n0 * K;
-      const int8_t* w1 = outs > 1 ? w0 + K : w0;  // a short last block repeats its row
+      const int64_t n0 = b * kBlock, outs = std::min(kBlock, N - n0);
+      const int8_t* rec = w + b * G * kHeadRecord;
       for (int64_t r0 = 0; r0 < M; r0 += kHeadRows) {
-        kQ8BlockRows[std::min(kHeadRows, M - r0)](qx.data() + r0 * K, dx.data() + r0 * G, K, w0, w1, scale + n0, outs, y + r0 * N + n0, N);
+        const int64_t rows = std::min(kHeadRows, M - r0);
+        if (outs == kBlock) {
+          kQ8HeadRows[rows](qx.data() + r0 * K, dx.data() + r0 * G, cx.data() + r0 * G, K, G, rec, scale + n0, y + r0 * N + n0, N);
+          continue;
+        }
+        // A short last block (its records padded with zero codes): through a buffer.
+        std::fill_n(part_scale, kBlock, 0.0f);
+        std::copy_n(scale + n0, outs, part_scale);
+        kQ8HeadRows[rows](qx.data() + r0 * K, dx.data() + r0 * G, cx.data() + r0 * G, K, G, rec, part_scale, part, kBlock);
+        for (int64_t r = 0; r < rows; ++r) std::copy_n(part + r * kBlock, outs, y + (r0 + r) * N + n0);
       }
     }
   });
 }
 
-at::Tensor q8q8_mm(const at::Tensor& x_in, const at::Tensor& q, const at::Tensor& scales) {
-  check(x_in, q, "q8q8_mm");
-  TORCH_CHECK(q.scalar_type() == at::kChar, "q8q8_mm: q must be int8");
-  TORCH_CHECK(x_in.size(1) % kGroup == 0, "q8q8_mm: K must be a multiple of 32, got ", x_in.size(1));
-  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.size(0) == q.size(0),
-              "q8q8_mm: scales must be contiguous float32 [N]");
+void check_head(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const char* op) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), op, ": x must be 2-D float32 on the CPU");
+  TORCH_CHECK(x.size(1) % kGroup == 0, op, ": K must be a multiple of 32, got ", x.size(1));
+  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.device().is_cpu() &&
+              scales.size(0) > 0, op, ": scales must be contiguous float32 [N]");
+  TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kChar && w.is_contiguous() && w.device().is_cpu() &&
+              w.size(0) == (scales.size(0) + kBlock - 1) / kBlock && w.size(1) == x.size(1) / kGroup && w.size(2) == kHeadRecord,
+              op, ": w must be contiguous int8 [ceil(N/16), K/32, 512] (quant.pack_head), got ", w.sizes(), " for x ", x.sizes(),
+              " and ", scales.size(0), " scales");
+}
+
+at::Tensor q8q8_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& scales) {
+  check_head(x_in, w, scales, "q8q8_mm");
   const at::Tensor x = x_in.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  const int64_t M = x.size(0), K = x.size(1), N = scales.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  if (M > 0) q8q8_rows(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), scales.data_ptr<float>(), N, y.data_ptr<float>());
+  if (M > 0) q8q8_rows(x.data_ptr<float>(), M, K, w.data_ptr<int8_t>(), scales.data_ptr<float>(), N, y.data_ptr<float>());
   return y;
 }
 
@@ -658,7 +738,7 @@ struct LlamaWeights : torch::CustomClassHolder {
   at::Tensor embed;       // [V_in, E] float32
   at::Tensor final_norm;  // [E]
   at::Tensor smooth;      // [E]: the head's inputs are multiplied by it (quant.smoothed_int8); empty: by 1
-  at::Tensor codes;       // the head's weights [V, E]: int8 codes, or float32 (then no scales)
+  at::Tensor codes;       // the head's weights: int8 codes packed as q8q8_mm takes them, or float32 [V, E] (then no scales)
   at::Tensor scales;      // [V] float32 for int8 codes; empty for float32 weights
   std::vector<int64_t> cache_layer;  // each layer's (keys, values) in the cache lists
   int64_t heads, kv_heads, head_dim, inter;
@@ -704,11 +784,11 @@ struct LlamaWeights : torch::CustomClassHolder {
     TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == at::kFloat && embed.is_contiguous(), "LlamaWeights: embed must be contiguous float32 [V, E]");
     f32(final_norm, E, "the final norm");
     if (smooth.numel()) f32(smooth, E, "the head's smoothing");
-    TORCH_CHECK(codes.dim() == 2 && codes.size(1) == E && codes.size(0) > 0 && (codes.scalar_type() == at::kChar || codes.scalar_type() == at::kFloat) &&
-                codes.is_contiguous() && codes.device().is_cpu(), "LlamaWeights: the head must be contiguous int8 or float32 [V, E]");
     if (codes.scalar_type() == at::kChar) {
-      f32(scales, codes.size(0), "the head's scales");
+      check_head(at::empty({0, E}), codes, scales, "LlamaWeights' head");
     } else {
+      TORCH_CHECK(codes.dim() == 2 && codes.size(1) == E && codes.size(0) > 0 && codes.scalar_type() == at::kFloat && codes.is_contiguous() &&
+                  codes.device().is_cpu(), "LlamaWeights: the head must be packed int8 codes or contiguous float32 [V, E]");
       TORCH_CHECK(scales.numel() == 0, "LlamaWeights: a float32 head has no scales");
     }
   }
@@ -865,8 +945,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
     }
   }
   if (w->codes.scalar_type() == at::kFloat) return product<float>(normed, w->codes, nullptr);
-  if (E % kGroup == 0) return q8q8_mm(normed, w->codes, w->scales);  // as `quant.Int8F32Head` multiplies
-  return product<int8_t>(normed, w->codes, w->scales.data_ptr<float>());
+  return q8q8_mm(normed, w->codes, w->scales);  // as `quant.Int8F32Head` multiplies
 }
 
 }  // namespace
