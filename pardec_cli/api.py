@@ -130,7 +130,7 @@ def stream(session: Session, prompt: str | Sequence[Mapping[str, str]], *, metho
     from pardec_cli.engine.sampling_params import SamplingParams
     from pardec_cli.planning import PROFILE_SAMPLING_KEYS, Settings, load_profiles_checked, plan_reply
 
-    profiles = load_profiles_checked(profile)
+    profiles = load_profiles_checked(profile, session.profiles())
     given = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     user_set = {key for key in PROFILE_SAMPLING_KEYS if given[key] is not None}
     settings = Settings(

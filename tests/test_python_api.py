@@ -52,16 +52,22 @@ def test_every_method_gives_the_greedy_text_of_vanilla(tiny_as_embedded: Path) -
         assert reply.token_ids == plain.token_ids and reply.method == method
 
 
-def test_a_reply_reads_the_profile_files_once(tiny_as_embedded: Path, monkeypatch) -> None:
+def test_a_session_reads_the_profile_files_once(tiny_as_embedded: Path, monkeypatch) -> None:
+    """~5 ms a read, a tenth of a short reply: read on the session's first reply and kept
+    (as auto's selector keeps them) until `Session.profiles(refresh=True)`."""
     from pardec_cli.selection import profiles
 
     model = api.load()
-    api.generate(model, "Write a haiku.", profile="chat", max_tokens=4)  # auto's selector: read once per session
+    api.generate(model, "Write a haiku.", profile="chat", max_tokens=4)
     reads: list[int] = []
     load = profiles.load_profiles
     monkeypatch.setattr(profiles, "load_profiles", lambda: reads.append(1) or load())
-    api.generate(model, "Write a haiku.", profile="chat", max_tokens=4)  # ~8 ms a read: once per reply
-    assert len(reads) == 1
+    api.generate(model, "Write a haiku.", profile="chat", max_tokens=4)
+    api.generate(model, "Write a haiku.", profile="code", method="vanilla", max_tokens=4)
+    assert reads == []
+    assert "chat" in model.profiles(refresh=True) and reads == [1]
+    with pytest.raises(PardecError, match="no-such-profile"):
+        api.generate(model, "hi", profile="no-such-profile")  # still checked, against the kept ones
 
 
 def test_streaming_yields_the_reply_piece_by_piece(tiny_as_embedded: Path) -> None:
