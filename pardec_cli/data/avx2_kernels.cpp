@@ -359,15 +359,15 @@ at::Tensor q4q8_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t n) {
 // quantized to int8 in groups of 32 (`quantize_group`), as llama.cpp multiplies Q8_0 by Q8_0:
 //   y[r, n] = scale[n] sum_g d_x[r, g] sum_k q[n, k] q_x[r, k].
 // The codes come in records of 16 outputs by a group of 32 inputs (`quant.pack_head`):
-// int8 [N/16, K/32, 512], byte 64 p + 4 i + b of a record holding q[i, 4p + b]. So one
+// int8 [ceil(N/16), K/32, 512], byte 64 p + 4 i + b of a record holding q[i, 4p + b]. So one
 // register holds 16 (or 8) outputs' next 4 codes and a row's 4 activation codes are one
 // broadcast: a group's integer sum for 16 outputs takes 8 VPDPBUSD and one float step
 // (the old layout, one output per 32-byte row, paid a conversion and an FMA per group and
 // output: 16 rows of the head took ~4.2 ms of a 15.6 ms step on a Zen 4; docs/runner.md).
 // VPDPBUSD wants unsigned weights: q + 128 (the sign bit flipped), its sums less 128 times
 // the group's activation codes' sum. Without VNNI, VPMADDUBSW multiplies |q| by q_x with
-// q's sign (a pair at most 2 * 128 * 127 in int16) and VPMADDWD widens each pair (as fast
-// as the old layout there). Either way a group's sum is the exact integer, so both builds
+// q's sign (a pair at most 2 * 128 * 127 in int16) and VPMADDWD widens each pair (about
+// as fast as the old layout there: docs/runner.md). Either way a group's sum is the exact integer, so both builds
 // give the same bits. Each (row, output) sums its groups in order: rows stay alone.
 
 constexpr int64_t kHeadRecord = 512;  // bytes per (16 outputs, 32 inputs)
