@@ -159,6 +159,22 @@ def _native_expected(summary: dict[str, Any]) -> bool:
             and summary.get("activation") in ("silu", "swish"))
 
 
+def _kernel_suffix(hardware: Any, held: str, kernels_now: dict[str, Any], *, avx2: bool) -> str:
+    """`quant.kernel_suffix` as loading will leave a model held as `held`, without loading
+    it: "+pardec" where its layers run pardec's float32 kernels (the AVX2 library, `avx2`)
+    or bfloat16 ones (the AVX512 library, built and on; dense layers only without AMX), as
+    `store.loading.load_model` decides. `Session.step_kind` names the steps it learned
+    about with it: without it doctor read none of what gen, chat and bench recorded."""
+    from pardec_cli.hardware import cpu_info
+
+    if avx2:
+        return "+pardec" if held in ("q4q8", "full", "int8") else ""
+    bf16 = (hardware.device == "cpu" and hardware.dtype == "bfloat16" and kernels_now["enabled"] and kernels_now["bfloat16"]
+            and kernels_now["status"] == "built")  # fmt: skip
+    ours = held in ("int4", "int8") or (held == "full" and not cpu_info().has_amx_bf16)
+    return "+pardec" if bf16 and ours else ""
+
+
 def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> dict[str, Any]:
     """For one model: its size, accelerators, tuned results, and auto's pick per profile."""
     from pardec_cli.selection.costmodel import ModelShape
@@ -204,7 +220,8 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
             and kernels_now["avx2_status"] == "built")  # fmt: skip
     held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device, stored="q4" if blocks4 else None,
                            avx2=avx2)  # fmt: skip
-    step = step_kind(hardware.dtype, held, "native" if held == "q4q8" and avx2 and _native_expected(summary) else "eager")
+    runner = "native" if held == "q4q8" and avx2 and _native_expected(summary) else "eager"
+    step = step_kind(hardware.dtype, held + _kernel_suffix(hardware, held, kernels_now, avx2=avx2), runner)
     usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (
         "off (learn = false in config.toml, or PARDEC_LEARN=0)" if usage is None else

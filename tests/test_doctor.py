@@ -218,3 +218,29 @@ def test_doctor_expects_the_native_step_for_a_llama_with_silu_whatever_its_confi
     assert not _native_expected({**base, "model_type": "qwen2", "architecture": "Qwen2ForCausalLM"})
     assert not _native_expected({**base, "activation": "gelu"})
     assert not _native_expected({**base, "architecture": "LlamaForSequenceClassification"})
+
+
+def test_doctor_names_the_steps_as_the_session_does_with_pardec_s_kernels(monkeypatch) -> None:
+    """What doctor reads from learned.json is keyed by `Session.step_kind`, whose weights
+    carry "+pardec" where layers run pardec's kernels (`quant.kernel_suffix`): doctor must
+    predict that suffix, or it finds none of what gen, chat and bench recorded."""
+    from types import SimpleNamespace
+
+    from pardec_cli import hardware
+    from pardec_cli.doctor import _kernel_suffix
+
+    cpu32, cpu16 = SimpleNamespace(device="cpu", dtype="float32"), SimpleNamespace(device="cpu", dtype="bfloat16")
+    built = {"enabled": True, "bfloat16": True, "status": "built"}
+    for held in ("q4q8", "full", "int8"):  # float32 layers on the AVX2 library
+        assert _kernel_suffix(cpu32, held, built, avx2=True) == "+pardec"
+    assert _kernel_suffix(cpu32, "int4", built, avx2=True) == ""  # torch's int4 kernel
+    assert _kernel_suffix(cpu32, "q4q8", built, avx2=False) == ""  # int8 activations on the AVX512 library
+    assert _kernel_suffix(cpu16, "int4", built, avx2=False) == "+pardec"
+    assert _kernel_suffix(cpu16, "int4", {**built, "status": "not built"}, avx2=False) == ""
+    assert _kernel_suffix(cpu16, "int4", {**built, "enabled": False}, avx2=False) == ""
+    assert _kernel_suffix(SimpleNamespace(device="cuda", dtype="bfloat16"), "int4", built, avx2=False) == ""
+    monkeypatch.setattr(hardware.CpuInfo, "has_amx_bf16", property(lambda self: False))
+    assert _kernel_suffix(cpu16, "full", built, avx2=False) == "+pardec"  # dense bfloat16 on pardec's kernel without AMX
+    monkeypatch.setattr(hardware.CpuInfo, "has_amx_bf16", property(lambda self: True))
+    assert _kernel_suffix(cpu16, "full", built, avx2=False) == ""  # dense bfloat16 stays on oneDNN's AMX tiles
+    assert _kernel_suffix(cpu16, "int8", built, avx2=False) == "+pardec"
