@@ -973,12 +973,12 @@ class Int8F32Head(RecordsHead):
 def pack_head(codes: torch.Tensor) -> torch.Tensor:
     """int8 codes [N, K] (K a multiple of 32) as ``pardec_avx2::q8q8_mm`` takes them:
     [ceil(N/16), K/32, 512], record (b, g) holding outputs 16b..16b+15 by inputs 32g..32g+31
-    with byte 64 p + 4 i + b = q[16b + i, 32g + 4p + b] (one register: 16 outputs' next 4
+    with byte 64 p + 4 i + j = q[16b + i, 32g + 4p + j] (one register: 16 outputs' next 4
     codes). A short last block is padded with zero codes."""
     n, k = codes.shape
     padded = torch.zeros(-(-n // 16) * 16, k, dtype=torch.int8)
     padded[:n] = codes
-    # [NB, 16 (i), G, 8 (p), 4 (b)] -> [NB, G, p, i, b]
+    # [NB, 16 (i), G, 8 (p), 4 (j)] -> [NB, G, p, i, j]
     return padded.view(-1, 16, k // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, k // 32, 512).contiguous()
 
 

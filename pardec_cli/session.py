@@ -334,7 +334,7 @@ class Session:
     def profiles(self, *, refresh: bool = False) -> dict[str, Any]:
         """The task profiles (`selection.profiles.load_profiles`: built-in and the user's
         files), read on first use and kept, as `auto_selector` keeps its own: reading them
-        costs ~5 ms, a tenth of a short reply. `refresh` reads them again."""
+        costs ~5 ms, a twentieth of a 16-token reply. `refresh` reads them again."""
         if refresh or self._profiles is None:
             from pardec_cli.selection.profiles import load_profiles
 

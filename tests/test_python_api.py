@@ -53,7 +53,7 @@ def test_every_method_gives_the_greedy_text_of_vanilla(tiny_as_embedded: Path) -
 
 
 def test_a_session_reads_the_profile_files_once(tiny_as_embedded: Path, monkeypatch) -> None:
-    """~5 ms a read, a tenth of a short reply: read on the session's first reply and kept
+    """~5 ms a read, a twentieth of a 16-token reply: read on the session's first reply and kept
     (as auto's selector keeps them) until `Session.profiles(refresh=True)`."""
     from pardec_cli.selection import profiles
 
