@@ -165,14 +165,13 @@ def _kernel_suffix(hardware: Any, held: str, kernels_now: dict[str, Any], *, avx
     or bfloat16 ones (the AVX512 library, built and on; dense layers only without AMX), as
     `store.loading.load_model` decides. `Session.step_kind` names the steps it learned
     about with it: without it doctor read none of what gen, chat and bench recorded."""
-    from pardec_cli.hardware import cpu_info
+    from pardec_cli.store.loading import bf16_kernel_weights
 
     if avx2:
         return "+pardec" if held in ("q4q8", "full", "int8") else ""
     bf16 = (hardware.device == "cpu" and hardware.dtype == "bfloat16" and kernels_now["enabled"] and kernels_now["bfloat16"]
             and kernels_now["status"] == "built")  # fmt: skip
-    ours = held in ("int4", "int8") or (held == "full" and not cpu_info().has_amx_bf16)
-    return "+pardec" if bf16 and ours else ""
+    return "+pardec" if bf16 and bf16_kernel_weights(held) else ""
 
 
 def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> dict[str, Any]:

@@ -214,9 +214,7 @@ def load_model(
     if q4q8:  # int4 codes, on pardec's kernel with int8 activations (`_own_kernels`)
         mode = "int4"
     records = None
-    # Dense bfloat16 layers stay on oneDNN's packing where AMX is (its tiles; pardec's
-    # kernel is measured faster only without them, docs/weights.md).
-    ours = mode in ("int4", "int8") or (mode == "full" and not cpu_info().has_amx_bf16)
+    ours = bf16_kernel_weights(mode)
     if q4q8 or (ours and device == "cpu" and dtype == "bfloat16"):
         records = _own_kernels(device=device, dtype=dtype, q4q8=q4q8, notice=notice)
     with quiet_transformers():
@@ -282,6 +280,16 @@ def load_model(
         table = lookup_only_embedding(model)  # rows looked up: moving it would cost its first touch for nothing
         move_to_huge_pages(model, skip=[] if table is None else [table])
     return model, tokenizer
+
+
+def bf16_kernel_weights(mode: str) -> bool:
+    """Whether layers held as `mode` ("full", "int8", "int4") go to pardec's bfloat16
+    kernels, where the CPU runs them and they are built (`_own_kernels`): int4 and int8
+    ones, and dense ones only without AMX (its tiles keep oneDNN's packing; pardec's kernel
+    measured faster only without them, docs/weights.md)."""
+    from pardec_cli.hardware import cpu_info
+
+    return mode in ("int4", "int8") or (mode == "full" and not cpu_info().has_amx_bf16)
 
 
 def _own_kernels(*, device: str, dtype: str, q4q8: bool, notice: Callable[[str], None] | None) -> str | None:
