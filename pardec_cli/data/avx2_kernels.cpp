@@ -462,13 +462,15 @@ void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const floa
   const int64_t G = K / kGroup, NB = (N + kBlock - 1) / kBlock;
   std::vector<int8_t> qx(M * K);
   std::vector<float> dx(M * G), sx(M * G);  // s_x: unused here (no minimums)
-  std::vector<int32_t> cx(M * G);
+  std::vector<int32_t> cx(M * G);  // VPDPBUSD's correction: read by the VNNI build only
   quantize_rows(x, K, M, K, qx.data(), dx.data(), sx.data());
+#ifdef PARDEC_Q4_512
   for (int64_t i = 0; i < M * G; ++i) {
     int32_t sum = 0;
     for (int64_t k = 0; k < kGroup; ++k) sum += qx[i * kGroup + k];
     cx[i] = -128 * sum;
   }
+#endif
   // 4 blocks (64 outputs) at least per task: torch's threads take contiguous ranges.
   at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
     alignas(64) float part[kHeadRows * kBlock], part_scale[kBlock];
