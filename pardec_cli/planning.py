@@ -264,13 +264,14 @@ def planned_settings(text: str, profile: str, settings: Settings, user_set: Coll
     return name, profile_settings(settings, load_profiles()[name], user_set, recommended)
 
 
-def build_selector(session: Any, drafters: Sequence[str] = ()) -> Any:
-    """auto's `AutoSelector` for a loaded session: its hardware, profiles, installed
-    accelerators plus `drafters` (models given with --draft-model, which auto may then
-    choose) and tuned results. `Session.auto_selector` keeps one per set of drafters."""
+def build_selector(session: Any, drafters: Sequence[str] = (), profiles: Mapping[str, Profile] | None = None) -> Any:
+    """auto's `AutoSelector` for a loaded session: its hardware, profiles (`profiles`, else
+    read now), installed accelerators plus `drafters` (models given with --draft-model,
+    which auto may then choose) and tuned results. `Session.auto_selector` keeps one per
+    set of drafters."""
     from pardec_cli.selection.selector import AutoSelector
 
-    return AutoSelector.for_session(session, drafters=tuple(drafters))
+    return AutoSelector.for_session(session, drafters=tuple(drafters), profiles=profiles)
 
 
 class Planner:

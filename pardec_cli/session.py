@@ -343,14 +343,15 @@ class Session:
 
     def auto_selector(self, drafters: Sequence[str] = (), *, refresh: bool = False) -> Any:
         """`--method auto`'s `AutoSelector` for this model and machine, built on first use
-        (`planning.build_selector`: the hardware, the profiles, the installed accelerators
-        plus `drafters`, and tuned results) and kept per set of drafters. `refresh` reads
-        everything again (after `pardec tune` saved new results)."""
+        (`planning.build_selector`: the hardware, the session's `profiles`, the installed
+        accelerators plus `drafters`, and tuned results) and kept per set of drafters.
+        `refresh` reads everything again (after `pardec tune` saved new results), the
+        profiles too."""
         key = tuple(drafters)
         if refresh or key not in self._auto_selectors:
             from pardec_cli.planning import build_selector
 
-            selector = build_selector(self, key)
+            selector = build_selector(self, key, self.profiles(refresh=refresh))
             if selector.learned_curve is None:
                 selector.learned_curve = self._learn_step_curve()
             self._auto_selectors[key] = selector

@@ -58,14 +58,15 @@ def test_a_session_reads_the_profile_files_once(tiny_as_embedded: Path, monkeypa
     from pardec_cli.selection import profiles
 
     model = api.load()
-    api.generate(model, "Write a haiku.", profile="chat", max_tokens=4)
     reads: list[int] = []
     load = profiles.load_profiles
     monkeypatch.setattr(profiles, "load_profiles", lambda: reads.append(1) or load())
     api.generate(model, "Write a haiku.", profile="chat", max_tokens=4)
+    assert reads == [1]  # auto's selector takes the session's profiles too
+    api.generate(model, "Write a haiku.", profile="chat", max_tokens=4)
     api.generate(model, "Write a haiku.", profile="code", method="vanilla", max_tokens=4)
-    assert reads == []
-    assert "chat" in model.profiles(refresh=True) and reads == [1]
+    assert reads == [1]
+    assert "chat" in model.profiles(refresh=True) and reads == [1, 1]
     with pytest.raises(PardecError, match="no-such-profile"):
         api.generate(model, "hi", profile="no-such-profile")  # still checked, against the kept ones
 

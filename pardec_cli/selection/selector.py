@@ -442,10 +442,12 @@ class AutoSelector:
         self._discount: tuple[float, str] | None = None
 
     @classmethod
-    def for_session(cls, session: Any, *, drafters: Sequence[str] = ()) -> AutoSelector:
+    def for_session(cls, session: Any, *, drafters: Sequence[str] = (),
+                    profiles: Mapping[str, Profile] | None = None) -> AutoSelector:  # fmt: skip
         """Everything about a loaded `Session`: hardware, installed accelerators (plus
-        `drafters` given on the command line), profiles, the tuned results that match
-        this model, device and dtype exactly, and what use measured for them."""
+        `drafters` given on the command line), profiles (`profiles`, else read now), the
+        tuned results that match this model, device and dtype exactly, and what use
+        measured for them."""
         from pardec_cli.selection.learned import learning_enabled, read_usage
         from pardec_cli.selection.profiles import load_profiles
         from pardec_cli.store.accelerators import installed_accelerators, local_path, sized_accelerator
@@ -462,7 +464,8 @@ class AutoSelector:
         tuned = find_results(info.fingerprint, hardware.key, hardware.dtype)
         notes = unusable_results(info.name, info.fingerprint, hardware.key, hardware.dtype)
         usage = read_usage(info.fingerprint, hardware.key, session.step_kind) if learning_enabled() else None
-        return cls(hardware, info, profiles=load_profiles(), accelerators=accelerators, tuned=tuned, usage=usage,
+        return cls(hardware, info, profiles=load_profiles() if profiles is None else profiles, accelerators=accelerators,
+                   tuned=tuned, usage=usage,
                    notes=notes, learned_curve=usage.curve if usage is not None else None)
 
     @property
