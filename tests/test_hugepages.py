@@ -89,9 +89,12 @@ def test_skipped_tensors_and_anything_sharing_their_memory_stay():
     m = Shared()
     weight, whole = m.linear.weight, m.whole
     before = (weight.data_ptr(), whole.data_ptr(), m.half.data_ptr())
+    # Where malloc put `whole` may already be advised (one fresh-clone run of the suite found
+    # it so, not reproduced since; likely heap memory an earlier test advised and freed).
+    whole_advised = advised(whole)
     move_to_huge_pages(m, skip=[m.half], setting="madvise")  # the view's storage is the buffer's
     assert (weight.data_ptr() == before[0], whole.data_ptr(), m.half.data_ptr()) == (False, *before[1:])
-    assert advised(weight) and not advised(whole)
+    assert advised(weight) and advised(whole) == whole_advised  # moved and advised; left as it was
 
 
 @linux
