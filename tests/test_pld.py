@@ -62,3 +62,31 @@ def test_bad_knobs_are_usage_errors(knobs):
     values = dict(max_ngram=3, min_ngram=1, num_draft=10, prefer="first") | knobs
     with pytest.raises(PardecUsageError):
         PromptLookup(None, **values)
+
+
+def test_one_index_serves_proposers_of_any_shortest_ngram_and_rule_as_their_own_would():
+    """Adaptive's arms see one text, so their n-gram indexes are one (`MethodEnv.indexes`):
+    each arm's drafts must be what its own index would give, step after step."""
+    import random
+
+    from pardec_cli.engine.proposal import Outcome, StartContext
+    from pardec_cli.methods.base import MethodEnv
+
+    rng = random.Random(0)
+    text = [rng.randrange(6) for _ in range(300)]  # a small vocabulary: many repeats
+    settings = [dict(min_ngram=m, prefer=p, branches=b, num_draft=d)
+                for m in (1, 2) for p in ("first", "recent") for b in (1, 3) for d in (2, 8)]
+    shared_env = MethodEnv(target=None, tokenizer=None, indexes={})
+    shared = [PromptLookup(shared_env, max_ngram=3, **s) for s in settings]
+    alone = [PromptLookup(MethodEnv(target=None, tokenizer=None), max_ngram=3, **s) for s in settings]
+    assert len({id(p.index) for p in shared}) == 2, "one index per max_ngram and number of branches"
+    assert len({id(p.index) for p in alone}) == len(settings)
+    for prompt_length in (40, 25):  # two generations: the second starts afresh
+        ctx = StartContext(target=None, prompt_ids=tuple(text[:prompt_length]), sampling=None, generator=None)
+        for p in shared + alone:
+            p.start(ctx)
+        for end in range(prompt_length, 200, 3):
+            context = text[:end]
+            assert [p.propose(context, 16) for p in shared] == [p.propose(context, 16) for p in alone]
+            for p in shared + alone:
+                p.update(context, p.propose(context, 16), Outcome(accepted=0))

@@ -104,6 +104,7 @@ class StepCosts:
     def __init__(self, decay: float = DECAY) -> None:
         self.decay = decay
         self._sums: dict[int, list[float]] = {}  # size class -> [discounted seconds, weight]
+        self._means: dict[int, float] = {}  # size class -> its mean (asked for several times a step)
 
     @staticmethod
     def size_class(drafted: int) -> int:
@@ -113,6 +114,7 @@ class StepCosts:
         entry = self._sums.setdefault(self.size_class(drafted), [0.0, 0.0])
         entry[0] = entry[0] * self.decay + seconds
         entry[1] = entry[1] * self.decay + 1
+        self._means[self.size_class(drafted)] = entry[0] / entry[1]
 
     def estimate(self, drafted: int) -> float | None:
         """Seconds of a step drafting `drafted` nodes: its size class's mean, interpolated
@@ -120,7 +122,7 @@ class StepCosts:
         one's plus `UNTIMED_NODE_SHARE` of the smallest per extra node. None below every
         class timed (a plain step's cost is never guessed from a verification's)."""
         want = self.size_class(drafted)
-        means = {c: total / weight for c, (total, weight) in self._sums.items()}
+        means = self._means
         below = max((c for c in means if c <= want), default=None)
         if below is None:
             return None
@@ -287,15 +289,17 @@ class Adaptive(ProposerBase):
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         self._active = self.policy.next_arm()
         self._started = self.clock()
+        step, plain = self.policy.step, self.policy.costs.estimate(0)
         for i in self._dry:
-            if i != self._active and self.policy.step - self._last_dry[i] >= self._dry_period(i):
+            if i != self._active and step - self._last_dry[i] >= DRY_EVERY and step - self._last_dry[i] >= self._dry_period(i, plain):
                 self._dry_run(i, context, max_tokens)
         return replace(self.arms[self._active].propose(context, max_tokens), arm=self.labels[self._active])
 
-    def _dry_period(self, arm: int) -> int:
+    def _dry_period(self, arm: int, plain: float | None = None) -> int:
         """Steps between an idle arm's dry runs: DRY_EVERY, or more when its drafting would
-        take over DRY_BUDGET of a plain step (wall time: the budget is real time spent)."""
-        plain = self.policy.costs.estimate(0)
+        take over DRY_BUDGET of a plain step (`plain` seconds; wall time: the budget is real
+        time spent)."""
+        plain = plain if plain is not None else self.policy.costs.estimate(0)
         if plain is None or self._drafting[arm] <= 0:
             return DRY_EVERY
         return max(DRY_EVERY, ceil(self._drafting[arm] / (DRY_BUDGET * plain)))

@@ -33,19 +33,31 @@ class NgramIndex:
     """For each n-gram (min_n <= n <= max_n) of a growing token list, where it first and last ended.
 
     Only n-grams that are followed by at least one token are indexed, so the suffix being
-    looked up never matches itself. Updating costs O(max_n) per new token.
+    looked up never matches itself. Updating costs O(max_n) per new token. One index may
+    serve several proposers (adaptive's arms, `MethodEnv.indexes`): each looks up with its
+    own shortest n-gram and rule, which only reads the entries it would have indexed alone.
     """
 
     def __init__(self, min_n: int, max_n: int, prefer: str = PREFER_FIRST) -> None:
-        self.min_n, self.max_n = min_n, max_n
+        self.min_n, self.max_n, self.prefer = min_n, max_n, prefer
         self.tokens: list[int] = []
         self._first_end: dict[tuple[int, ...], int] = {}
         self._last_end: dict[tuple[int, ...], int] = {}
-        self._lookup = self._first_end if prefer == PREFER_FIRST else self._last_end
         self._indexed_until = 0  # n-gram end positions < this are indexed
+        self._started: StartContext | None = None
+
+    def start(self, ctx: StartContext) -> None:
+        """A new generation: index its prompt (once, however many proposers share this index)."""
+        if ctx is self._started:
+            return
+        self._started = ctx
+        self.tokens, self._first_end, self._last_end, self._indexed_until = [], {}, {}, 0
+        self.extend_to(ctx.prompt_ids)
 
     def extend_to(self, context: Sequence[int]) -> None:
         """Catch up with `context`, which must extend the tokens seen so far."""
+        if len(context) == len(self.tokens):
+            return
         self.tokens.extend(context[len(self.tokens) :])
         for end in range(max(self._indexed_until, 1), len(self.tokens)):
             for n in range(self.min_n, min(self.max_n, end) + 1):
@@ -54,11 +66,13 @@ class NgramIndex:
                 self._last_end[key] = end
         self._indexed_until = max(self._indexed_until, len(self.tokens))
 
-    def continuation(self, length: int) -> list[int]:
-        """Up to `length` tokens that followed an earlier match (first or latest) of the longest suffix."""
+    def continuation(self, length: int, min_n: int | None = None, prefer: str | None = None) -> list[int]:
+        """Up to `length` tokens that followed an earlier match (first or latest) of the
+        longest suffix of at least `min_n` tokens (default: the index's own settings)."""
         size = len(self.tokens)
-        for n in range(min(self.max_n, size), self.min_n - 1, -1):
-            end = self._lookup.get(tuple(self.tokens[size - n :]))
+        lookup = self._first_end if (prefer or self.prefer) == PREFER_FIRST else self._last_end
+        for n in range(min(self.max_n, size), max(self.min_n, min_n or 0) - 1, -1):
+            end = lookup.get(tuple(self.tokens[size - n :]))
             if end is not None:
                 return self.tokens[end : end + length]
         return []
@@ -76,8 +90,19 @@ class MultiNgramIndex:
         self._first: dict[tuple[int, ...], list[int]] = {}  # the first `keep` ends, oldest first
         self._latest: dict[tuple[int, ...], list[int]] = {}  # the latest `keep` ends, oldest first
         self._indexed_until = 0
+        self._started: StartContext | None = None
+
+    def start(self, ctx: StartContext) -> None:
+        """As `NgramIndex.start`."""
+        if ctx is self._started:
+            return
+        self._started = ctx
+        self.tokens, self._first, self._latest, self._indexed_until = [], {}, {}, 0
+        self.extend_to(ctx.prompt_ids)
 
     def extend_to(self, context: Sequence[int]) -> None:
+        if len(context) == len(self.tokens):
+            return
         self.tokens.extend(context[len(self.tokens) :])
         for end in range(max(self._indexed_until, 1), len(self.tokens)):
             for n in range(self.min_n, min(self.max_n, end) + 1):
@@ -91,15 +116,17 @@ class MultiNgramIndex:
                     del latest[0]
         self._indexed_until = max(self._indexed_until, len(self.tokens))
 
-    def continuations(self, length: int, count: int) -> list[list[int]]:
-        """Up to `count` distinct continuations: longest n-gram first; within one, the
-        preferred occurrences first (the first ones, or the latest ones), then the others."""
+    def continuations(self, length: int, count: int, min_n: int | None = None, prefer: str | None = None) -> list[list[int]]:
+        """Up to `count` distinct continuations: longest n-gram of at least `min_n` tokens
+        first; within one, the preferred occurrences first (the first ones, or the latest
+        ones), then the others."""
         size = len(self.tokens)
+        prefer = prefer or self.prefer
         found: list[list[int]] = []
-        for n in range(min(self.max_n, size), self.min_n - 1, -1):
+        for n in range(min(self.max_n, size), max(self.min_n, min_n or 0) - 1, -1):
             key = tuple(self.tokens[size - n :])
             first, latest = self._first.get(key, []), self._latest.get(key, [])[::-1]
-            for end in (first + latest) if self.prefer == PREFER_FIRST else (latest + first):
+            for end in (first + latest) if prefer == PREFER_FIRST else (latest + first):
                 continuation = self.tokens[end : end + length]
                 if continuation not in found:
                     found.append(continuation)
@@ -118,7 +145,6 @@ class PromptLookup(ProposerBase):
         self, env: MethodEnv, *, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = PREFER_FIRST,
         branches: int = 1,
     ) -> None:
-        del env
         if not 1 <= min_ngram <= max_ngram:
             raise PardecUsageError(f"pld needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         if num_draft < 1:
@@ -129,25 +155,31 @@ class PromptLookup(ProposerBase):
             raise PardecUsageError(f"pld needs branches >= 1, got {branches}")
         self.max_ngram, self.min_ngram, self.num_draft, self.prefer = max_ngram, min_ngram, num_draft, prefer
         self.branches = branches
-        self.index = self._new_index()
+        # Shared only where the env says so (adaptive's arms, which see one text: three pld
+        # arms indexed every token three times, a fifth of adaptive's own time a step);
+        # indexed from one-token n-grams then, as any arm's lookup may want.
+        if env.indexes is None:
+            self.index = self._new_index(min_ngram)
+        else:
+            key = ("pld", max_ngram, branches)
+            self.index = env.indexes.get(key) or env.indexes.setdefault(key, self._new_index(1))
 
-    def _new_index(self) -> NgramIndex | MultiNgramIndex:
+    def _new_index(self, min_n: int) -> NgramIndex | MultiNgramIndex:
         if self.branches == 1:
-            return NgramIndex(self.min_ngram, self.max_ngram, self.prefer)
-        return MultiNgramIndex(self.min_ngram, self.max_ngram, self.branches, self.prefer)
+            return NgramIndex(min_n, self.max_ngram, self.prefer)
+        return MultiNgramIndex(min_n, self.max_ngram, self.branches, self.prefer)
 
     def start(self, ctx: StartContext) -> None:
-        self.index = self._new_index()
-        self.index.extend_to(ctx.prompt_ids)
+        self.index.start(ctx)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         self.index.extend_to(context)
         length = min(self.num_draft, max_tokens)
         if isinstance(self.index, NgramIndex):
-            tokens = self.index.continuation(length)
+            tokens = self.index.continuation(length, self.min_ngram, self.prefer)
             return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
         builder = TreeBuilder()
-        for continuation in self.index.continuations(length, self.branches):
+        for continuation in self.index.continuations(length, self.branches, self.min_ngram, self.prefer):
             builder.path(continuation)
         return builder.draft() if len(builder) else EMPTY_DRAFT
 
