@@ -431,6 +431,71 @@ def test_a_native_step_that_fails_gives_way_to_the_graphs_with_a_notice(avx2_dir
     assert notices[0] == "the native step failed (RuntimeError: llama_step: something new); compiling the steps instead"
 
 
+def test_a_prefill_runs_natively_in_chunks_and_gives_a_token_the_bits_of_one_native_step(
+    avx2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt, and a chat turn's new text after cached rows, go through the native step
+    NATIVE_PREFILL_ROWS rows a call, only the last row's logits computed: the last row's
+    logits, the cache rows written and the next steps are those of one native step over
+    all the rows (each row is computed alone, whatever the rows and the window beside it)."""
+    from pardec_cli.engine import runner as runner_module
+    from pardec_cli.engine.runner import CompiledLanguageModel
+
+    monkeypatch.setattr(runner_module, "NATIVE_PREFILL_ROWS", 7)
+    model = native_llama()
+    runner = CompiledLanguageModel(model, compile_missing=False)
+    calls: list[tuple[int, int]] = []  # (rows, logit rows) of each native call
+    native = runner.native
+    assert native is not None
+
+    def counted(ids: torch.Tensor, *args: Any) -> Any:
+        calls.append((ids.shape[1], args[-1]))
+        return native(ids, *args)
+
+    runner.native = counted  # type: ignore[assignment]
+    prompt, turn, tokens = random_prompt(5)[:20], random_prompt(6)[:9], [3, 4, 5]
+    with torch.inference_mode():
+        chunked = runner.new_cache(64)
+        first = runner.forward(prompt, chunked, last_only=True)
+        assert calls == [(7, 1), (7, 1), (6, 1)] and chunked.length == 20
+        second = runner.forward(turn, chunked, last_only=True)
+        assert calls[3:] == [(7, 1), (2, 1)] and chunked.length == 29
+        after = runner.forward(tokens, chunked)
+        whole = runner.new_cache(64)
+        want_first = runner.forward(prompt, whole)  # not last_only: one step of 20 rows, every row's logits
+        want_second = runner.forward(turn, whole)
+        want_after = runner.forward(tokens, whole)
+    assert first.shape == (1, 96) and torch.equal(first[0], want_first[-1]) and torch.equal(second[0], want_second[-1])
+    assert torch.equal(after, want_after)
+    for (k, v), (k_want, v_want) in zip(chunked.buffers(), whole.buffers()):
+        assert torch.equal(k[:, :, :32], k_want[:, :, :32]) and torch.equal(v[:, :, :32], v_want[:, :, :32])
+    # Past NATIVE_PREFILL_MAX rows of cache (there, the eager prefill's blocked causal
+    # attention is as fast): eager.
+    monkeypatch.setattr(runner_module, "NATIVE_PREFILL_MAX", 40)
+    before = len(calls)
+    with torch.inference_mode():
+        runner.forward(turn, chunked, last_only=True)
+    assert len(calls) == before and chunked.length == 41
+
+
+def test_the_native_step_computes_the_last_rows_logits_alone_on_request(avx2_dir: Path) -> None:
+    from pardec_cli.engine.native import NativeStep
+    from pardec_cli.engine.runner import step_mask
+    from pardec_cli.engine.static_cache import StaticKVCache
+
+    model = native_llama()
+    cpu = torch.device("cpu")
+    mask, positions = step_mask(0, 5, 64, None, dtype=torch.float32, device=cpu)
+    ids = torch.tensor([[5, 7, 11, 2, 9]])
+    every = NativeStep(model)(ids, positions, mask, 0, StaticKVCache(model.config, 64, dtype=torch.float16, device=cpu).buffers(), False)[0]
+    for rows in (1, 3, 5, 8):
+        step = NativeStep(model)
+        buffers = StaticKVCache(model.config, 64, dtype=torch.float16, device=cpu).buffers()
+        assert torch.equal(step(ids, positions, mask, 0, buffers, False, rows)[0], every[:, -min(rows, 5):])
+    with pytest.raises(RuntimeError, match="logit_rows must be >= 0"):
+        step(ids, positions, mask, 0, buffers, False, -1)
+
+
 def test_q4q8_loads_on_the_avx2_library_where_avx512_vnni_is_missing(
     avx2_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:

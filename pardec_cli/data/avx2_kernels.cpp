@@ -856,15 +856,21 @@ inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) 
 // One step of R new tokens: ids [R] (int64), RoPE tables cos and sin [P, D] (rows by
 // position), positions [R] (each row's position, < P), mask [1, 1, R, W] (additive, over
 // the first W cache rows), the rows written at cache rows start..start+R-1 of every
-// layer's keys and values (`LlamaWeights::set_cache`; start + R <= W <= C). Returns logits [R, V];
+// layer's keys and values (`LlamaWeights::set_cache`; start + R <= W <= C). Returns logits [R, V],
+// or with `logit_rows` > 0 those of the last logit_rows rows only (a prefill's chunk wants
+// one row's, and the head is the largest product: 28 MB for SmolLM2-135M's 49,152 words);
 // `states`, if given ([L + 1, R, E]), gets transformers' hidden states: the embeddings,
 // each layer's output but the last, the final norm's output.
 at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tensor& ids, const at::Tensor& cos, const at::Tensor& sin,
-                      const at::Tensor& positions, const at::Tensor& mask, int64_t start, const std::optional<at::Tensor>& states) {
+                      const at::Tensor& positions, const at::Tensor& mask, int64_t start, const std::optional<at::Tensor>& states,
+                      int64_t logit_rows) {
   const int64_t L = static_cast<int64_t>(w->cache_layer.size()), E = w->embed.size(1), V = w->embed.size(0);
   const int64_t H = w->heads, Hkv = w->kv_heads, D = w->head_dim, I = w->inter, Q = H * D, KV = Hkv * D, QKV = Q + 2 * KV;
   const int64_t R = ids.numel();
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous() && R > 0, "llama_step: ids must be int64 [R]");
+  TORCH_CHECK(logit_rows >= 0, "llama_step: logit_rows must be >= 0 (0: every row), got ", logit_rows);
+  // The rows whose logits are wanted: the last logit_rows (a prefill wants its last row's).
+  const int64_t first_logit = logit_rows > 0 ? R - std::min(logit_rows, R) : 0;
   TORCH_CHECK(positions.dim() == 1 && positions.numel() == R && positions.scalar_type() == at::kLong && positions.is_contiguous(),
               "llama_step: positions must be int64 [R]");
   TORCH_CHECK(cos.dim() == 2 && cos.size(1) == D && cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.sizes() == cos.sizes() &&
@@ -942,12 +948,13 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   if (st) std::copy_n(np, R * E, st + L * R * E);
   if (w->smooth.numel()) {
     const float* sm = w->smooth.data_ptr<float>();
-    for (int64_t r = 0; r < R; ++r) {
+    for (int64_t r = first_logit; r < R; ++r) {
       for (int64_t i = 0; i < E; ++i) np[r * E + i] *= sm[i];
     }
   }
-  if (w->codes.scalar_type() == at::kFloat) return product<float>(normed, w->codes, nullptr);
-  return q8q8_mm(normed, w->codes, w->scales);  // as `quant.Int8F32Head` multiplies
+  const at::Tensor head_in = normed.narrow(0, first_logit, R - first_logit);  // contiguous: whole rows
+  if (w->codes.scalar_type() == at::kFloat) return product<float>(head_in, w->codes, nullptr);
+  return q8q8_mm(head_in, w->codes, w->scales);  // as `quant.Int8F32Head` multiplies
 }
 
 }  // namespace
@@ -965,7 +972,7 @@ TORCH_LIBRARY(pardec_avx2, m) {
                        std::vector<int64_t>, double, double>())
       .def("set_cache", &LlamaWeights::set_cache);
   m.def("llama_step(__torch__.torch.classes.pardec_avx2.LlamaWeights weights, Tensor ids, Tensor cos, Tensor sin, Tensor positions, "
-        "Tensor mask, int start, Tensor? states) -> Tensor");
+        "Tensor mask, int start, Tensor? states, int logit_rows=0) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pardec_avx2, CPU, m) {
   m.impl("f32_mm", &f32_mm);

@@ -123,11 +123,12 @@ class NativeStep:
 
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: int,
-        buffers: list[tuple[torch.Tensor, torch.Tensor]], hidden: bool,
+        buffers: list[tuple[torch.Tensor, torch.Tensor]], hidden: bool, logit_rows: int = 0,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """One step: input ids and positions [1, R], mask [1, 1, R, W] (`runner.step_mask`),
         rows written at start..start+R-1 of the cache `buffers`. Returns (logits [1, R, V],
-        transformers' hidden states, each [1, R, E], with `hidden`, else None)."""
+        or [1, logit_rows, V] of the last rows where `logit_rows` > 0, transformers' hidden
+        states, each [1, R, E], with `hidden`, else None)."""
         ids, pos = input_ids.view(-1), positions.view(-1)
         cos, sin = self._rope(start + ids.shape[0])  # a row's position is at most start + its index
         # Another cache, or this one grown (new buffers): hand it over.
@@ -135,5 +136,5 @@ class NativeStep:
             self.weights.set_cache([k for k, _ in buffers], [v for _, v in buffers])
             self._cache = [k for k, _ in buffers]
         states = torch.empty(self.layers + 1, ids.shape[0], self.hidden_size) if hidden else None
-        logits = torch.ops.pardec_avx2.llama_step(self.weights, ids, cos, sin, pos, mask, start, states)
+        logits = torch.ops.pardec_avx2.llama_step(self.weights, ids, cos, sin, pos, mask, start, states, logit_rows)
         return logits.unsqueeze(0), (None if states is None else tuple(s.unsqueeze(0) for s in states))

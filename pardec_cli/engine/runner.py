@@ -18,7 +18,10 @@ are unchanged); what differs is underneath:
 
 Where the model is a Llama decoder on pardec's AVX2 q4q8 kernels, the three graphs are not
 used at all: every step of up to MAX_COMPILED_ROWS rows is one call of `engine.native`
-(nothing to compile; its first step is checked against the eager one).
+(nothing to compile; its first step is checked against the eager one), and so is a
+prefill without hidden states up to NATIVE_PREFILL_MAX cache rows, NATIVE_PREFILL_ROWS
+rows a call with only the last row's logits (no Python between layers, no head over the
+prompt).
 
 Compiling happens on first use of a graph, in the calling thread, announced through
 `on_notice`. A graph that fails to compile is dropped with one notice and its steps run
@@ -65,6 +68,15 @@ from pardec_cli.quant import (MERGE_SHARED_PRODUCTS, merge_shared_products, on_o
 
 #: Steps with more rows than this (prefills, huge trees) run eagerly.
 MAX_COMPILED_ROWS = 64
+#: Rows of a prefill per native call (`engine.native`). Each row attends to every key of
+#: its call's window, masked or not, so a longer call wastes attention on a long prompt;
+#: on a 2-core Zen 4, 32, 64 and 128 were within noise of each other up to 400 tokens, 64
+#: and 128 ahead at 400, 32 and 64 at 750 (docs/runner.md).
+NATIVE_PREFILL_ROWS = 64
+#: ... up to a cache this long: the native attention computes every (row, key) of a call's
+#: window alone, the eager prefill's attends causally in blocks; on that Zen 4 the native
+#: prefill was 1.6x the eager one at 94 tokens, 1.2x at 750 and at par at 1,200.
+NATIVE_PREFILL_MAX = 1024
 #: The graph kinds: one token (decoding), a few (verifying a draft of up to REDUCE_ROWS
 #: rows, where the CPU attention sums broadcast products), more (verifying a larger one).
 DECODE, VERIFY, VERIFY_WIDE = "decode", "verify", "verify-wide"
@@ -491,6 +503,10 @@ class CompiledLanguageModel(LanguageModel):
             return super()._run(token_ids, cache, last_only, parents, hidden=hidden)
         rows = len(token_ids)
         start = cache.length
+        if last_only and rows > 1 and parents is None and not hidden and self.native is not None and start + rows <= NATIVE_PREFILL_MAX:
+            prefilled = self._native_prefill(token_ids, cache)
+            if prefilled is not None:
+                return prefilled
         # A prefill (last_only, many rows) runs eagerly: it keeps only the last row's logits.
         kind = graph_kind(rows) if rows == 1 or not last_only else None
         padding = padded_rows(rows) - rows if kind in (VERIFY, VERIFY_WIDE) and self.fixed_shapes else 0
@@ -549,20 +565,48 @@ class CompiledLanguageModel(LanguageModel):
             state.compile_seconds = perf_counter() - began
         return out
 
-    def _native_step(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int, hidden: bool) -> Any:
-        """A step through `engine.native`; its first one is checked against the eager step
-        (run first: the cache keeps the rows the native step writes, as in every later step).
-        A mismatch, or an error, turns the native step off for this model, with a notice."""
+    def _native_prefill(self, token_ids: Sequence[int], cache: StaticKVCache) -> _Output | None:
+        """A chain of new rows (a prompt, or a chat turn's new text after cached rows) through
+        `engine.native`, NATIVE_PREFILL_ROWS at a time, each call computing its last row's
+        logits only: (logits [1, 1, V]). None where the native step failed or was turned
+        off on the way (the cache is as it was: the caller prefills eagerly)."""
+        start, rows = cache.length, len(token_ids)
+        if start + rows > cache.capacity:
+            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
+        logits = None
+        for lo in range(0, rows, NATIVE_PREFILL_ROWS):
+            part = token_ids[lo : lo + NATIVE_PREFILL_ROWS]
+            at, count = start + lo, len(part)
+            width = attended_rows(at + count, cache.capacity, self.fixed_shapes)
+            mask, positions = step_mask(at, count, width, None, dtype=self.dtype, device=self.device)
+            cache.slots.positions = torch.arange(at, at + count, device=self.device)
+            cache.slots.window = mask
+            out = self._native_step(self.as_input(part), positions, mask, cache, at, False, logit_rows=1)
+            if out is None or self.native is None:
+                cache.length = start
+                return None
+            cache.length = at + count
+            logits = out[0]
+        return _Output(logits, None)
+
+    def _native_step(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int, hidden: bool,
+                     logit_rows: int = 0) -> Any:  # fmt: skip
+        """A step through `engine.native` (logits of its last `logit_rows` rows, 0: of every
+        row); its first one is checked against the eager step (run first: the cache keeps
+        the rows the native step writes, as in every later step). A mismatch, or an error,
+        turns the native step off for this model, with a notice."""
         assert self.native is not None
         expected = None if self._native_checked else self._eager(input_ids, positions, mask, cache, hidden, False)
         try:
-            out = self.native(input_ids, positions, mask, start, cache.buffers(), hidden)
+            out = self.native(input_ids, positions, mask, start, cache.buffers(), hidden, logit_rows)
         except Exception as exc:
             self.native = None
             self._on_notice(f"the native step failed ({first_line(exc, typed=True)}); compiling the steps instead")
             return None
         if expected is None:
             return out
+        if logit_rows:
+            expected = (expected[0][:, -logit_rows:], expected[1])
         if not _close(out[0], expected[0], exact=False):
             self.native = None
             self._on_notice("the native step's logits differ from the eager step's; compiling the steps instead")
