@@ -478,6 +478,33 @@ def test_a_prefill_runs_natively_in_chunks_and_gives_a_token_the_bits_of_one_nat
     assert len(calls) == before and chunked.length == 41
 
 
+@pytest.mark.parametrize("rows", [3, 9])
+def test_a_native_step_gives_the_same_bits_on_one_thread_and_on_several(avx2_dir: Path, rows: int) -> None:
+    """A wide step shares out its rows' quantization, norms, RoPE and SiLU, and attention's
+    queries, over torch's threads: no row's arithmetic may change with how they are shared."""
+    from pardec_cli.engine.native import NativeStep
+    from pardec_cli.engine.runner import step_mask
+    from pardec_cli.engine.static_cache import StaticKVCache
+
+    model = native_llama()
+    cpu = torch.device("cpu")
+    prompt = torch.tensor([random_prompt(5)[:20]])
+    mask, positions = step_mask(0, 20, 32, None, dtype=torch.float32, device=cpu)
+    wide_mask, wide_positions = step_mask(20, rows, 32, None, dtype=torch.float32, device=cpu)
+    ids = torch.tensor([random_prompt(6)[:rows]])
+    threads, outs = torch.get_num_threads(), []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            step = NativeStep(model)
+            buffers = StaticKVCache(model.config, 32, dtype=torch.float16, device=cpu).buffers()
+            step(prompt, positions, mask, 0, buffers, False)
+            outs.append(step(ids, wide_positions, wide_mask, 20, buffers, False)[0])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_the_native_step_computes_the_last_rows_logits_alone_on_request(avx2_dir: Path) -> None:
     from pardec_cli.engine.native import NativeStep
     from pardec_cli.engine.runner import step_mask

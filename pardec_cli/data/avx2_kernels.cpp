@@ -214,12 +214,30 @@ inline void quantize_group(const float* x, int8_t* q, float* d_out, float* s_out
   *s_out = lane_sum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
+// Rows this many or more are shared out over torch's threads by `each_row`: a wide step's
+// per-row work (the activations' quantization, norms, RoPE, SiLU) ran on one thread while
+// the others waited (at 16 rows ~6% of a native step on a 2-core Zen 4, and the idle
+// thread's wait as much again). A fork and join costs ~1 us; each row's arithmetic is the
+// same whichever thread does it.
+constexpr int64_t kParallelRows = 4;
+
+template <typename F>
+inline void each_row(int64_t R, F&& f) {
+  if (R < kParallelRows) {
+    for (int64_t r = 0; r < R; ++r) f(r);
+    return;
+  }
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) f(r);
+  });
+}
+
 // M rows x [M, K] (rows ldx apart) to their int8 groups: codes qx [M, K], d_x and s_x [M, K/32].
 inline void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* qx, float* dx, float* sx) {
   const int64_t G = K / kGroup;
-  for (int64_t r = 0; r < M; ++r) {
+  each_row(M, [&](int64_t r) {
     for (int64_t g = 0; g < G; ++g) quantize_group(x + r * ldx + g * kGroup, qx + r * K + g * kGroup, dx + r * G + g, sx + r * G + g);
-  }
+  });
 }
 
 // R rows (codes qx [R, K], d_x and s_x [R, G]) by one block's G records -> out [R, 16].
@@ -660,10 +678,13 @@ template <typename T, typename Query, typename Mask, typename Output>
 void attend_heads(int64_t H, int64_t Hkv, int64_t R, int64_t D, int64_t W, float scale, const T* k, const T* v,
                   int64_t k_head, int64_t v_head, int64_t ldk, int64_t ldv, Query query, Mask mask, Output output) {
   const int64_t groups = H / Hkv, per_kv = groups * R;
-  // Units: a KV head's queries (its heads' rows) in chunks, about 2 units per thread (a
-  // chunk only changes which queries share the loads, never a query's arithmetic).
-  const int64_t chunk = std::max<int64_t>(1, std::min(per_kv, Hkv * per_kv / (2 * at::get_num_threads())));
-  const int64_t chunks = (per_kv + chunk - 1) / chunk;
+  // Units: a KV head's queries (its heads' rows) in chunks of equal size, about 2 units
+  // per thread (a chunk only changes which queries share the loads, never a query's
+  // arithmetic). Unequal chunks (36 and 12 queries at 16 rows of SmolLM2's 3 KV heads)
+  // left one of 2 threads idle for a fifth of the attention.
+  const int64_t most = std::max<int64_t>(1, std::min(per_kv, Hkv * per_kv / (2 * at::get_num_threads())));
+  const int64_t chunks = (per_kv + most - 1) / most;
+  const int64_t chunk = (per_kv + chunks - 1) / chunks;
   const auto attend = D == 64 ? attend_unit<8, T> : D == 128 ? attend_unit<16, T> : attend_unit<0, T>;
   at::parallel_for(0, Hkv * chunks, 1, [&](int64_t c0, int64_t c1) {
     const int64_t padded = (W + kKeys - 1) / kKeys * kKeys;
@@ -911,14 +932,14 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor* t = w->layers.data() + 6 * l;
     const int64_t cl = w->cache_layer[l];  // within keys: set_cache checked it
-    for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, t[0].data_ptr<float>(), E, eps, xn.data() + r * E);
+    each_row(R, [&](int64_t r) { rms_norm(x.data() + r * E, t[0].data_ptr<float>(), E, eps, xn.data() + r * E); });
     q4q8_rows(xn.data(), E, R, E, t[1].data_ptr<uint8_t>(), QKV, qkv.data(), QKV, qx.data(), dx, sx);
-    for (int64_t r = 0; r < R; ++r) {
+    each_row(R, [&](int64_t r) {
       float* row = qkv.data() + r * QKV;
       const float* c = cos.data_ptr<float>() + pos[r] * D;
       const float* s = sin.data_ptr<float>() + pos[r] * D;
       for (int64_t h = 0; h < H + Hkv; ++h) rope(row + h * D, c, s, D);  // the q heads, then the k heads
-    }
+    });
     with_cache(keys[cl], values[cl], [&](auto* kc, auto* vc) {
       for (int64_t r = 0; r < R; ++r) {
         const float* row = qkv.data() + r * QKV;
@@ -934,10 +955,12 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
           [&](int64_t h, int64_t r) { return att.data() + r * Q + h * D; });
     });
     q4q8_rows(att.data(), Q, R, Q, t[2].data_ptr<uint8_t>(), E, tmp.data(), E, qx.data(), dx, sx);
-    for (int64_t i = 0; i < R * E; ++i) x[i] += tmp[i];
-    for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, t[3].data_ptr<float>(), E, eps, xn.data() + r * E);
+    each_row(R, [&](int64_t r) {
+      for (int64_t i = r * E; i < (r + 1) * E; ++i) x[i] += tmp[i];
+      rms_norm(x.data() + r * E, t[3].data_ptr<float>(), E, eps, xn.data() + r * E);
+    });
     q4q8_rows(xn.data(), E, R, E, t[4].data_ptr<uint8_t>(), 2 * I, gu.data(), 2 * I, qx.data(), dx, sx);
-    for (int64_t r = 0; r < R; ++r) silu_mul(gu.data() + r * 2 * I, gu.data() + r * 2 * I + I, act.data() + r * I, I);
+    each_row(R, [&](int64_t r) { silu_mul(gu.data() + r * 2 * I, gu.data() + r * 2 * I + I, act.data() + r * I, I); });
     q4q8_rows(act.data(), I, R, I, t[5].data_ptr<uint8_t>(), E, tmp.data(), E, qx.data(), dx, sx);
     for (int64_t i = 0; i < R * E; ++i) x[i] += tmp[i];
     if (st && l + 1 < L) std::copy(x.begin(), x.end(), st + (l + 1) * R * E);
