@@ -29,7 +29,27 @@ from pardec_cli.methods.base import MethodEnv, ProposerBase
 PREFER_FIRST, PREFER_RECENT = "first", "recent"
 
 
-class NgramIndex:
+class _PerGeneration:
+    """An index of one generation's text, started once however many proposers share it."""
+
+    _started: StartContext | None = None
+
+    def start(self, ctx: StartContext) -> None:
+        """A new generation: forget the last one's text and index this one's prompt."""
+        if ctx is self._started:
+            return
+        self._started = ctx
+        self._clear()
+        self.extend_to(ctx.prompt_ids)
+
+    def _clear(self) -> None:
+        raise NotImplementedError
+
+    def extend_to(self, context: Sequence[int]) -> None:
+        raise NotImplementedError
+
+
+class NgramIndex(_PerGeneration):
     """For each n-gram (min_n <= n <= max_n) of a growing token list, where it first and last ended.
 
     Only n-grams that are followed by at least one token are indexed, so the suffix being
@@ -40,19 +60,13 @@ class NgramIndex:
 
     def __init__(self, min_n: int, max_n: int, prefer: str = PREFER_FIRST) -> None:
         self.min_n, self.max_n, self.prefer = min_n, max_n, prefer
+        self._clear()
+
+    def _clear(self) -> None:
         self.tokens: list[int] = []
         self._first_end: dict[tuple[int, ...], int] = {}
         self._last_end: dict[tuple[int, ...], int] = {}
         self._indexed_until = 0  # n-gram end positions < this are indexed
-        self._started: StartContext | None = None
-
-    def start(self, ctx: StartContext) -> None:
-        """A new generation: index its prompt (once, however many proposers share this index)."""
-        if ctx is self._started:
-            return
-        self._started = ctx
-        self.tokens, self._first_end, self._last_end, self._indexed_until = [], {}, {}, 0
-        self.extend_to(ctx.prompt_ids)
 
     def extend_to(self, context: Sequence[int]) -> None:
         """Catch up with `context`, which must extend the tokens seen so far."""
@@ -78,7 +92,7 @@ class NgramIndex:
         return []
 
 
-class MultiNgramIndex:
+class MultiNgramIndex(_PerGeneration):
     """For each n-gram (min_n <= n <= max_n), where its first and its latest `keep` occurrences ended.
 
     Like `NgramIndex`, only n-grams followed by at least one token are indexed.
@@ -86,19 +100,13 @@ class MultiNgramIndex:
 
     def __init__(self, min_n: int, max_n: int, keep: int, prefer: str = PREFER_FIRST) -> None:
         self.min_n, self.max_n, self.keep, self.prefer = min_n, max_n, keep, prefer
+        self._clear()
+
+    def _clear(self) -> None:
         self.tokens: list[int] = []
         self._first: dict[tuple[int, ...], list[int]] = {}  # the first `keep` ends, oldest first
         self._latest: dict[tuple[int, ...], list[int]] = {}  # the latest `keep` ends, oldest first
         self._indexed_until = 0
-        self._started: StartContext | None = None
-
-    def start(self, ctx: StartContext) -> None:
-        """As `NgramIndex.start`."""
-        if ctx is self._started:
-            return
-        self._started = ctx
-        self.tokens, self._first, self._latest, self._indexed_until = [], {}, {}, 0
-        self.extend_to(ctx.prompt_ids)
 
     def extend_to(self, context: Sequence[int]) -> None:
         if len(context) == len(self.tokens):
