@@ -510,12 +510,7 @@ class CompiledLanguageModel(LanguageModel):
         # A prefill (last_only, many rows) runs eagerly: it keeps only the last row's logits.
         kind = graph_kind(rows) if rows == 1 or not last_only else None
         padding = padded_rows(rows) - rows if kind in (VERIFY, VERIFY_WIDE) and self.fixed_shapes else 0
-        if start + rows + padding > cache.capacity:
-            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
-        width = attended_rows(start + rows + padding, cache.capacity, self.fixed_shapes)
-        mask, positions = step_mask(start, rows, width, parents, dtype=self.dtype, device=self.device, padding=padding)
-        cache.slots.positions = torch.arange(start, start + rows + padding, device=self.device)
-        cache.slots.window = mask
+        mask, positions = self._place(cache, start, rows, parents, padding)
         input_ids = self.as_input([*token_ids, *[0] * padding])
         out = None
         if kind is not None and self.native is not None:
@@ -565,22 +560,31 @@ class CompiledLanguageModel(LanguageModel):
             state.compile_seconds = perf_counter() - began
         return out
 
+    def _place(self, cache: StaticKVCache, start: int, rows: int, parents: Sequence[int] | None, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room in `cache` for `rows` (+ `padding`) inputs at `start` (grown if needed), and
+        their mask and position ids (`step_mask`, over the attended window), also set as the
+        cache's slots for the attention functions of eager and compiled steps."""
+        if start + rows + padding > cache.capacity:
+            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
+        width = attended_rows(start + rows + padding, cache.capacity, self.fixed_shapes)
+        mask, positions = step_mask(start, rows, width, parents, dtype=self.dtype, device=self.device, padding=padding)
+        cache.slots.positions = torch.arange(start, start + rows + padding, device=self.device)
+        cache.slots.window = mask
+        return mask, positions
+
     def _native_prefill(self, token_ids: Sequence[int], cache: StaticKVCache) -> _Output | None:
         """A chain of new rows (a prompt, or a chat turn's new text after cached rows) through
         `engine.native`, NATIVE_PREFILL_ROWS at a time, each call computing its last row's
         logits only: (logits [1, 1, V]). None where the native step failed or was turned
         off on the way (the cache is as it was: the caller prefills eagerly)."""
         start, rows = cache.length, len(token_ids)
-        if start + rows > cache.capacity:
+        if start + rows > cache.capacity:  # grown once for the whole prefill, not per call
             cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
         logits = None
         for lo in range(0, rows, NATIVE_PREFILL_ROWS):
             part = token_ids[lo : lo + NATIVE_PREFILL_ROWS]
             at, count = start + lo, len(part)
-            width = attended_rows(at + count, cache.capacity, self.fixed_shapes)
-            mask, positions = step_mask(at, count, width, None, dtype=self.dtype, device=self.device)
-            cache.slots.positions = torch.arange(at, at + count, device=self.device)
-            cache.slots.window = mask
+            mask, positions = self._place(cache, at, count, None, 0)
             out = self._native_step(self.as_input(part), positions, mask, cache, at, False, logit_rows=1)
             if out is None or self.native is None:
                 cache.length = start
