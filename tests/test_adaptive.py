@@ -289,12 +289,12 @@ def test_an_idle_arm_that_can_be_dry_run_is_scored_while_plain_decoding_runs():
 
 def test_an_arm_whose_drafting_is_slow_is_dry_run_less_often():
     proposer = registry.create("adaptive", {"arms": "pld | vanilla", "dwell": 4, "probe": 2, "reprobe": 40}, make_env(tiny_llama(3)))
-    assert proposer._dry_period(0) == 2, "nothing timed yet: every other step"
+    assert proposer._dry_period(0, proposer.policy.costs.estimate(0)) == 2, "nothing timed yet: every other step"
     proposer.policy.costs.add(0, 0.010)  # a plain step: 10 ms
     proposer._drafting[0] = 0.0001  # drafting in 0.1 ms: within 2% of a step every other step
-    assert proposer._dry_period(0) == 2
+    assert proposer._dry_period(0, proposer.policy.costs.estimate(0)) == 2
     proposer._drafting[0] = 0.002  # 2 ms (suffix over code): once in 10 steps keeps it at 2%
-    assert proposer._dry_period(0) == 10
+    assert proposer._dry_period(0, proposer.policy.costs.estimate(0)) == 10
 
 
 def test_arms_must_be_two_and_not_adaptive_themselves():

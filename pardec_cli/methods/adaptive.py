@@ -111,10 +111,11 @@ class StepCosts:
         return 0 if drafted <= 0 else (drafted - 1).bit_length() + 1
 
     def add(self, drafted: int, seconds: float) -> None:
-        entry = self._sums.setdefault(self.size_class(drafted), [0.0, 0.0])
+        size = self.size_class(drafted)
+        entry = self._sums.setdefault(size, [0.0, 0.0])
         entry[0] = entry[0] * self.decay + seconds
         entry[1] = entry[1] * self.decay + 1
-        self._means[self.size_class(drafted)] = entry[0] / entry[1]
+        self._means[size] = entry[0] / entry[1]
 
     def estimate(self, drafted: int) -> float | None:
         """Seconds of a step drafting `drafted` nodes: its size class's mean, interpolated
@@ -289,17 +290,16 @@ class Adaptive(ProposerBase):
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         self._active = self.policy.next_arm()
         self._started = self.clock()
-        step, plain = self.policy.step, self.policy.costs.estimate(0)
+        plain = self.policy.costs.estimate(0)  # read once for every idle arm
         for i in self._dry:
-            if i != self._active and step - self._last_dry[i] >= DRY_EVERY and step - self._last_dry[i] >= self._dry_period(i, plain):
+            if i != self._active and self.policy.step - self._last_dry[i] >= self._dry_period(i, plain):
                 self._dry_run(i, context, max_tokens)
         return replace(self.arms[self._active].propose(context, max_tokens), arm=self.labels[self._active])
 
-    def _dry_period(self, arm: int, plain: float | None = None) -> int:
+    def _dry_period(self, arm: int, plain: float | None) -> int:
         """Steps between an idle arm's dry runs: DRY_EVERY, or more when its drafting would
-        take over DRY_BUDGET of a plain step (`plain` seconds; wall time: the budget is real
-        time spent)."""
-        plain = plain if plain is not None else self.policy.costs.estimate(0)
+        take over DRY_BUDGET of a plain step of `plain` seconds (None: none timed yet; wall
+        time: the budget is real time spent)."""
         if plain is None or self._drafting[arm] <= 0:
             return DRY_EVERY
         return max(DRY_EVERY, ceil(self._drafting[arm] / (DRY_BUDGET * plain)))

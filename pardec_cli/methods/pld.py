@@ -169,8 +169,7 @@ class PromptLookup(ProposerBase):
         if env.indexes is None:
             self.index = self._new_index(min_ngram)
         else:
-            key = ("pld", max_ngram, branches)
-            self.index = env.indexes.get(key) or env.indexes.setdefault(key, self._new_index(1))
+            self.index = env.indexes.setdefault(("pld", max_ngram, branches), self._new_index(1))
 
     def _new_index(self, min_n: int) -> NgramIndex | MultiNgramIndex:
         if self.branches == 1:
