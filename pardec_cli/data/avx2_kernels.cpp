@@ -181,7 +181,11 @@ at::Tensor q8f32_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& 
 constexpr int64_t kGroup = 32, kBlock = 16, kRecord = 320;
 // Rows per pass over a block's records: on 16 ymm registers 4 beat 1, 2 and 8 at 8-16
 // rows (same at 1-2); the 512-bit kernel below keeps 8 rows' sums in 16 of its 32. The
-// records 32 ahead (10 KB) are prefetched (8 to 64 ahead measured alike within noise).
+// records 32 ahead (10 KB) are prefetched into L2, not L1: a prefetch into L1 holds one of
+// the core's few L1 miss buffers for a whole memory latency, and with 2-4 rows' work
+// between loads the products streamed 15-20 GB/s of a 30+ GB/s machine (L2: 1.2-1.3x
+// faster at 2-4 rows on a loaded Zen 4, par at one row; docs/runner.md). 8 to 64 ahead
+// measured alike within noise.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define PARDEC_Q4_512 1
 constexpr int64_t kMaxRows = 8;
@@ -249,7 +253,7 @@ void q4_block_rows(const int8_t* qx, const float* dx, const float* sx, int64_t K
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* rec = w + g * kRecord;
-    for (int64_t line = 0; line < kRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
+    for (int64_t line = 0; line < kRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T1);
     __m256i dot0[R], dot1[R];  // `add_products` sums
     for (int r = 0; r < R; ++r) dot0[r] = dot1[r] = _mm256_setzero_si256();
     // Not unrolled: unrolled, GCC computed all 16 products first and spilled them (16 rows
@@ -302,7 +306,7 @@ void q4_block_rows_512(const int8_t* qx, const float* dx, const float* sx, int64
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* rec = w + g * kRecord;
-    for (int64_t line = 0; line < kRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
+    for (int64_t line = 0; line < kRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T1);
     __m512i dot[R];
     for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
 #pragma GCC unroll 1

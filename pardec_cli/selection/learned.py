@@ -318,8 +318,9 @@ def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, cloc
 #: timings of the small sizes, `tuning.curve.STEP_CURVE_REPEATS`; 7: the AVX2 library's
 #: 512-bit q4q8 kernel in its VNNI build; 8: its int8 head on codes packed 16 outputs to a
 #: register, `quant.pack_head`; 9: the native step's per-row work on every core, and
-#: attention's queries shared out evenly): curves measured before are measured again.
-CURVE_VERSION = 9
+#: attention's queries shared out evenly; 10: q4q8 records prefetched into L2): curves
+#: measured before are measured again.
+CURVE_VERSION = 10
 
 
 def _curve_key(fingerprint: str, hardware: str, step: str) -> str:
