@@ -465,7 +465,9 @@ class Bench:
         else:
             proposer = self.proposers[label]
             start = perf_counter()
-        stream = self.session.stream(ids, max_new_tokens=max_new_tokens, proposer=proposer)
+        # Every run is recorded for later sessions; only auto's own runs teach this run's
+        # auto (the reference methods' runs would teach it these very prompts).
+        stream = self.session.stream(ids, max_new_tokens=max_new_tokens, proposer=proposer, teach=chosen is not None)
         for _ in stream:
             pass
         seconds = perf_counter() - start

@@ -430,6 +430,7 @@ class Session:
         repetition_guard: bool = False,
         profile: str | None = None,
         record: bool = True,
+        teach: bool = True,
     ) -> TextStream:
         """Start a generation; iterate the returned stream for text chunks.
 
@@ -439,7 +440,10 @@ class Session:
         ends, what it measured (tokens per step, step times) is recorded for `--method
         auto` under `profile` (None: the profile detected from the prompt), unless
         `record` is False (tune keeps its own records) or learning is off
-        (`selection.learned`): one small write per generation, none per step.
+        (`selection.learned`): one small write per generation, none per step. With `teach`
+        (the default) this session's auto ranks with it from its next choice on, as a
+        later session would (a benchmark's reference methods do not teach the auto it
+        compares them with on the same prompts).
         """
         from pardec_cli.engine.loop import decode
 
@@ -449,8 +453,8 @@ class Session:
             if self._usage_recorder is None:
                 from pardec_cli.selection.learned import UsageRecorder
 
-                self._usage_recorder = UsageRecorder(self)
-            on_finish = self._usage_recorder.callback(proposer, prompt_ids, profile)
+                self._usage_recorder = UsageRecorder(self, on_record=self._learned)
+            on_finish = self._usage_recorder.callback(proposer, prompt_ids, profile, live=teach)
         events = decode(
             self.target,
             proposer,
@@ -461,6 +465,12 @@ class Session:
         )
         return TextStream(events, self.tokenizer, stop, len(prompt_ids), repetition_guard=repetition_guard,
                           on_finish=on_finish)
+
+    def _learned(self, profile: str, label: str, row: Any) -> None:
+        """A generation recorded `row` (`UsageRecorder.on_record`): every auto selector of
+        this session ranks with it from now on."""
+        for selector in self._auto_selectors.values():
+            selector.learn(profile, label, row)
 
     def generate(self, prompt_ids: Sequence[int], **kwargs: Any) -> GenerationResult:
         """Run a generation to the end and return it whole."""

@@ -164,6 +164,23 @@ def test_a_round_does_not_draft_from_what_an_earlier_round_generated(tiny_cli_mo
     assert sorted(first) == sorted(second)
 
 
+def test_only_autos_own_runs_teach_the_auto_it_is_benchmarked_as(tiny_cli_model: Path, monkeypatch) -> None:
+    """Every run is recorded for later sessions, but the reference methods' runs on these
+    very prompts would teach this run's auto what to choose for them."""
+    from pardec_cli.bench import Bench, MethodChoice
+    from pardec_cli.session import Session
+
+    session = Session.load(str(tiny_cli_model), dtype="float32", device="cpu", compile="off", offline=True)
+    taught: list[bool] = []
+    real = session.stream
+    monkeypatch.setattr(session, "stream", lambda *a, **k: taught.append(k["teach"]) or real(*a, **k))
+    methods = [MethodChoice("auto", "auto"), MethodChoice("pld", "pld"), MethodChoice("vanilla", "vanilla")]
+    with Bench(session, methods, max_new_tokens=4) as bench:
+        runs = bench.run([BenchPrompt("1", "a", "Say one two three.")], rounds=1)
+    assert [r.label for r in runs] == ["auto", "pld", "vanilla"]
+    assert taught[-3:] == [True, False, False]
+
+
 # -- a real run ---------------------------------------------------------------------
 
 

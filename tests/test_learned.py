@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -153,8 +154,8 @@ def generate(session, method: str = "pld", **kwargs) -> None:
 def test_every_finished_generation_is_recorded_once_by_the_session(tiny_session, monkeypatch) -> None:
     monkeypatch.delenv("PARDEC_LEARN", raising=False)
     writes = []
-    real = learned.record_generation
-    monkeypatch.setattr(learned, "record_generation", lambda *a, **k: writes.append(a) or real(*a, **k))
+    real = learned.record_rows
+    monkeypatch.setattr(learned, "record_rows", lambda *a, **k: writes.append(a) or real(*a, **k))
     generate(tiny_session, profile="code")
     generate(tiny_session, "vanilla", profile="code")
     assert len(writes) == 2  # one write per generation, none per step
@@ -179,6 +180,65 @@ def test_nothing_is_recorded_when_learning_is_off_or_the_caller_keeps_its_own_re
     fresh = Session(tiny_session.target.model, tiny_session.tokenizer, model_name="tiny")
     generate(fresh)
     assert not learned_path().exists()
+
+
+def arm_totals(steps: int, tokens: int, seconds: float, drafted: int = 0, propose_s: float = 0.0, base_steps: int = 0,
+               base_verify_s: float = 0.0) -> Any:
+    from pardec_cli.engine.events import ArmTotals
+
+    return ArmTotals(steps, tokens, seconds, drafted, propose_s, base_steps, base_verify_s)
+
+
+def test_a_switching_generation_teaches_each_arm_under_its_own_label_not_plain_decoding() -> None:
+    from pardec_cli.engine.events import GenerationStats
+
+    # 60 steps in 0.7 s after the first token; the arms' own drafting and verifying took 0.64 s.
+    stats = GenerationStats(generated_tokens=101, steps=60, ttft_s=0.1, total_s=0.8, arms={
+        "pld[num_draft=4]": arm_totals(40, 80, 0.48, drafted=160, propose_s=0.02, base_steps=2, base_verify_s=0.02),
+        "pld[num_draft=2,min_ngram=1]": arm_totals(5, 6, 0.05, drafted=10, propose_s=0.001),
+        "vanilla": arm_totals(15, 15, 0.11),
+    })
+    stream = SimpleNamespace(stats=stats, decode_propose_s=0.03, decode_verify_s=0.6, base_steps=17, base_verify_s=0.13)
+    rows = dict(learned.generation_rows("adaptive[arms=pld[num_draft=4] | pld[num_draft=2] | vanilla]", stream))
+    assert set(rows) == {"pld[num_draft=4]", "pld[num_draft=2]"}  # canonical labels; plain decoding left out
+    four = rows["pld[num_draft=4]"]
+    assert (four.tokens, four.steps, four.drafted, four.base_steps) == (80, 40, 160, 2)
+    # its own 0.48 s plus its 40 steps' share of the 0.06 s the loop spent outside every arm
+    assert four.decode_s == pytest.approx(0.48 + 40 * 0.06 / 60)
+    assert (four.propose_s, four.verify_s, four.base_s) == pytest.approx((0.02, 0.46, 0.02))
+    # a configuration that does not switch: its one row, as before
+    plain = SimpleNamespace(stats=GenerationStats(generated_tokens=41, steps=20, ttft_s=0.1, total_s=0.5),
+                            decode_propose_s=0.01, decode_verify_s=0.3, base_steps=3, base_verify_s=0.05)
+    [(label, only)] = learned.generation_rows("pld", plain)
+    assert label == "pld" and (only.tokens, only.steps, only.decode_s) == (40, 20, pytest.approx(0.4))
+
+
+def test_one_write_holds_all_of_a_generations_rows_and_leaves_out_the_short_ones() -> None:
+    other = UsageKey("sha256:m", "cpu:AMD EPYC", STEP, "chat", "pld[num_draft=2]")
+    written = learned.record_rows([(KEY, row(steps=20)), (other, row(steps=learned.MIN_STEPS - 1))])
+    assert [key for key, _ in written] == [KEY]
+    usage = read_usage("sha256:m", "cpu:AMD EPYC", STEP)
+    assert list(usage.rows["chat"]) == ["pld[num_draft=8]"]
+    assert learned.record_rows([(other, row(steps=3))]) == [] and not read_usage("sha256:m", "cpu:AMD EPYC", STEP).rows["chat"].get("pld[num_draft=2]")
+
+
+def test_auto_learns_from_its_own_arms_within_a_session_and_ranks_with_them_at_once(tiny_session, monkeypatch) -> None:
+    monkeypatch.delenv("PARDEC_LEARN", raising=False)
+    selector = tiny_session.auto_selector()
+    assert selector.usage is not None and not selector.measured("code")
+    tiny_session.set_method("adaptive", {"arms": "pld[num_draft=4] | vanilla", "probe": 1, "dwell": 100})
+    for _ in tiny_session.stream(tiny_session.encode("w5 w6 w7 w5 w6 w7 w5 w6"), max_new_tokens=64, profile="code"):
+        pass
+    # recorded for later sessions under the arm's own label, and already in this session's ranking
+    assert list(read_usage(*tiny_session._usage_recorder.where()).rows["code"]) == ["pld[num_draft=4]"]
+    assert [m.label for m in selector.measured("code")] == ["pld[num_draft=4]"]
+    # a generation that does not teach (a benchmark's reference method) is kept for later sessions only
+    tiny_session.set_method("pld", {"num_draft": 2})
+    for _ in tiny_session.stream(tiny_session.encode("w5 w6 w7 w5 w6 w7 w5 w6"), max_new_tokens=64, profile="code",
+                                 teach=False):
+        pass
+    assert "pld[num_draft=2]" in read_usage(*tiny_session._usage_recorder.where()).rows["code"]
+    assert [m.label for m in selector.measured("code")] == ["pld[num_draft=4]"]
 
 
 # -- end to end: gen records, auto explains, doctor shows -----------------------------------

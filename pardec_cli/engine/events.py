@@ -45,7 +45,13 @@ class ArmTotals:
 
     steps: int = 0
     tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # drafting and verifying
+    # What auto learns from an arm's steps (`selection.learned.arm_rows`): the nodes it
+    # drafted, its drafting seconds, and its steps that drafted nothing with their verify seconds.
+    drafted: int = 0
+    propose_s: float = 0.0
+    base_steps: int = 0
+    base_verify_s: float = 0.0
 
 
 @dataclass
@@ -89,6 +95,11 @@ class GenerationStats:
             totals.steps += 1
             totals.tokens += len(event.tokens)
             totals.seconds += event.propose_s + event.verify_s
+            totals.drafted += event.drafted
+            totals.propose_s += event.propose_s
+            if not event.drafted:
+                totals.base_steps += 1
+                totals.base_verify_s += event.verify_s
 
     @property
     def tokens_per_s(self) -> float:

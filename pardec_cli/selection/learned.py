@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -294,21 +294,66 @@ def _most_recent(entries: dict[str, Any]) -> dict[str, Any]:
 def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, clock: float | None = None) -> bool:
     """Add one generation's row under `key` (one locked, atomic write). False when the
     row is too short to say anything (fewer than `MIN_STEPS` steps) and nothing was written."""
-    if row.steps < MIN_STEPS or row.decode_s <= 0:
-        return False
+    return bool(record_rows([(key, row)], path=path, clock=clock))
+
+
+def record_rows(items: Sequence[tuple[UsageKey, Row]], *, path: Path | None = None,
+                clock: float | None = None) -> list[tuple[UsageKey, Row]]:  # fmt: skip
+    """Add rows (one generation's: a switching method's has one per arm) in one locked,
+    atomic write; rows too short to say anything (fewer than `MIN_STEPS` steps) are left
+    out. Returns the rows written."""
+    kept = [(key, row) for key, row in items if row.steps >= MIN_STEPS and row.decode_s > 0]
+    if not kept:
+        return []
     import time
 
     stamp = time.time() if clock is None else clock
 
     def change(current: Mapping[str, Any] | None) -> dict[str, Any]:
         entries = dict((current or {}).get("entries", {}))
-        entry = entries.get(key.text(), {"rows": []})
-        rows = [*entry["rows"], row.to_list()][-WINDOW:]
-        entries[key.text()] = {"updated": stamp, "rows": rows}
+        for key, row in kept:
+            entry = entries.get(key.text(), {"rows": []})
+            entries[key.text()] = {"updated": stamp, "rows": [*entry["rows"], row.to_list()][-WINDOW:]}
         return {**(current or {}), "format": FORMAT, "note": NOTE, "entries": _most_recent(entries)}
 
     statefile.update_json(path or learned_path(), change, SCHEMA, _RESET)
-    return True
+    return kept
+
+
+def generation_rows(label: str, stream: Any) -> list[tuple[str, Row]]:
+    """What one finished generation (a `session.TextStream`) of the configuration `label`
+    teaches: [(label, its row)], or for a switching method (adaptive: `stats.arms`) one row
+    per arm but plain decoding, under the arm's own label.
+
+    auto runs as adaptive; an "adaptive[arms=...]" row would rank nothing (it is no
+    candidate), so a user who only ever ran auto taught it nothing. An arm's row holds its
+    own steps, tokens and drafting and verifying time, plus its share (by steps) of the
+    loop's time outside them, which a row of the configuration alone would hold too. Plain
+    decoding's arm is left out: inside adaptive its steps carry the other arms' dry runs,
+    and plain decoding's step time is what every speed-up is measured against. Arms run
+    while they measure fastest, so their rows lean optimistic; an arm auto then chooses
+    runs through its bad stretches too, and its later rows say so.
+    """
+    stats = stream.stats
+    decode_s = stats.total_s - stats.ttft_s
+    if not stats.arms:
+        return [(label, Row(stats.generated_tokens - 1, stats.steps, stats.drafted_tokens, decode_s,
+                            stream.decode_propose_s, stream.decode_verify_s, stream.base_steps, stream.base_verify_s))]
+    from pardec_cli.selection.profiles import canonical_label, parse_label
+
+    outside = max(decode_s - sum(a.seconds for a in stats.arms.values()), 0.0) / max(stats.steps, 1)
+    rows = []
+    for arm, totals in stats.arms.items():
+        try:
+            arm_label = canonical_label(*parse_label(arm))
+        except Exception:  # noqa: BLE001 - an arm outside the registry (a test double): nothing to learn
+            continue
+        if arm_label == VANILLA:
+            continue
+        rows.append((arm_label, Row(totals.tokens, totals.steps, totals.drafted, totals.seconds + totals.steps * outside,
+                                    totals.propose_s, totals.seconds - totals.propose_s, totals.base_steps,
+                                    totals.base_verify_s)))
+    return rows
 
 
 #: Bumped when pardec's steps change what verifying n tokens costs (2: the compiled CPU
@@ -390,8 +435,11 @@ class UsageRecorder:
     finishes; each later one costs one locked write.
     """
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, on_record: Callable[[str, str, Row], None] | None = None) -> None:
         self.session = session
+        # Told (profile, label, row) of each row written by a generation that teaches at
+        # once (`callback`'s `live`): the session's auto uses it from its next choice.
+        self.on_record = on_record
         self._where: tuple[str, str, str] | None = None
         self._enabled: bool | None = None
         self.path: Path | None = None  # None: learned_path() at write time
@@ -410,8 +458,9 @@ class UsageRecorder:
             self._where = (info.fingerprint, hardware.key, self.session.step_kind)
         return self._where
 
-    def callback(self, proposer: Any, prompt_ids: Any, profile: str | None) -> Any:
-        """The `on_finish` for one generation of `proposer` on `prompt_ids` (None when learning is off)."""
+    def callback(self, proposer: Any, prompt_ids: Any, profile: str | None, *, live: bool = True) -> Any:
+        """The `on_finish` for one generation of `proposer` on `prompt_ids` (None when
+        learning is off); with `live`, the rows written also go to `on_record`."""
         if not self.enabled():
             return None
         from pardec_cli.selection.profiles import canonical_label
@@ -422,10 +471,8 @@ class UsageRecorder:
             return None
 
         def on_finish(stream: Any) -> None:
-            stats = stream.stats
-            row = Row(stats.generated_tokens - 1, stats.steps, stats.drafted_tokens, stats.total_s - stats.ttft_s,
-                      stream.decode_propose_s, stream.decode_verify_s, stream.base_steps, stream.base_verify_s)
-            if row.steps < MIN_STEPS:
+            rows = [(arm, row) for arm, row in generation_rows(label, stream) if row.steps >= MIN_STEPS]
+            if not rows:
                 return
             name = profile
             if name is None:
@@ -435,8 +482,11 @@ class UsageRecorder:
             from pardec_cli.errors import PardecError
 
             try:
-                record_generation(UsageKey(*self.where(), name, label), row, path=self.path)
+                written = record_rows([(UsageKey(*self.where(), name, arm), row) for arm, row in rows], path=self.path)
             except (PardecError, OSError):
-                pass  # learning is a bonus: a read-only home or a busy lock never fails a generation
+                return  # learning is a bonus: a read-only home or a busy lock never fails a generation
+            if live and self.on_record is not None:
+                for key, row in written:
+                    self.on_record(key.profile, key.label, row)
 
         return on_finish

@@ -468,6 +468,18 @@ class AutoSelector:
                    tuned=tuned, usage=usage,
                    notes=notes, learned_curve=usage.curve if usage is not None else None)
 
+    def learn(self, profile: str, label: str, row: Any) -> None:
+        """A row this session's generation just recorded (`selection.learned.UsageRecorder`):
+        the next choice ranks with it, as a later session reading learned.json would."""
+        if self.usage is None:  # learning is off
+            return
+        from pardec_cli.selection.learned import WINDOW
+
+        rows = self.usage.rows.setdefault(profile, {}).setdefault(label, [])
+        rows.append(row)
+        del rows[:-WINDOW]
+        self._discount = None  # measured / prior changes with it
+
     @property
     def measured_curve(self) -> CostCurve | None:
         """The verification cost curve measured on this machine: the one measured for
