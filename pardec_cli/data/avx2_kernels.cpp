@@ -77,13 +77,15 @@ inline __m256 load8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-// The weights `kAhead` rows on from w + k into L1, once per 64-byte line: the next blocks'
-// rows (int8 weights read 8.5 instead of 13 ms per SmolLM2-135M step with them).
+// The weights `kAhead` rows on from w + k into L2, once per 64-byte line: the next blocks'
+// rows (int8 weights read 8.5 instead of 13 ms per SmolLM2-135M step with them into L1;
+// into L2, which holds no L1 miss buffer for a memory latency, 1.6x faster again for one
+// row and 1.3-1.4x for two, float32 weights at par: docs/runner.md).
 template <typename T>
 inline void prefetch_ahead(const T* const* w, int64_t k, int64_t K) {
   constexpr int64_t kAhead = sizeof(T) == 1 ? 8 : 4;
   if ((k * static_cast<int64_t>(sizeof(T))) % 64 != 0) return;
-  for (int64_t j = 0; j < kOut; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + k + kAhead * K), _MM_HINT_T0);
+  for (int64_t j = 0; j < kOut; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + k + kAhead * K), _MM_HINT_T1);
 }
 
 // Rows x0 and x1 by the block's 4 weight rows w[0..3]; the sums of
