@@ -226,19 +226,21 @@ def test_auto_learns_from_its_own_arms_within_a_session_and_ranks_with_them_at_o
     monkeypatch.delenv("PARDEC_LEARN", raising=False)
     selector = tiny_session.auto_selector()
     assert selector.usage is not None and not selector.measured("code")
-    tiny_session.set_method("adaptive", {"arms": "pld[num_draft=4] | vanilla", "probe": 1, "dwell": 100})
+    # an arm must run 16 steps to be recorded: a margin no arm can win by keeps the first
+    # one running whatever the step times, and one drafted token a step makes 32 of them
+    tiny_session.set_method("adaptive", {"arms": "pld[num_draft=1] | vanilla", "margin": 100, "reprobe": 1000})
     for _ in tiny_session.stream(tiny_session.encode("w5 w6 w7 w5 w6 w7 w5 w6"), max_new_tokens=64, profile="code"):
         pass
     # recorded for later sessions under the arm's own label, and already in this session's ranking
-    assert list(read_usage(*tiny_session._usage_recorder.where()).rows["code"]) == ["pld[num_draft=4]"]
-    assert [m.label for m in selector.measured("code")] == ["pld[num_draft=4]"]
+    assert list(read_usage(*tiny_session._usage_recorder.where()).rows["code"]) == ["pld[num_draft=1]"]
+    assert [m.label for m in selector.measured("code")] == ["pld[num_draft=1]"]
     # a generation that does not teach (a benchmark's reference method) is kept for later sessions only
     tiny_session.set_method("pld", {"num_draft": 2})
     for _ in tiny_session.stream(tiny_session.encode("w5 w6 w7 w5 w6 w7 w5 w6"), max_new_tokens=64, profile="code",
                                  teach=False):
         pass
     assert "pld[num_draft=2]" in read_usage(*tiny_session._usage_recorder.where()).rows["code"]
-    assert [m.label for m in selector.measured("code")] == ["pld[num_draft=4]"]
+    assert [m.label for m in selector.measured("code")] == ["pld[num_draft=1]"]
 
 
 # -- end to end: gen records, auto explains, doctor shows -----------------------------------
