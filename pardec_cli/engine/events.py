@@ -46,7 +46,7 @@ class ArmTotals:
     steps: int = 0
     tokens: int = 0
     seconds: float = 0.0  # drafting and verifying
-    # What auto learns from an arm's steps (`selection.learned.arm_rows`): the nodes it
+    # What auto learns from an arm's steps (`selection.learned.generation_rows`): the nodes it
     # drafted, its drafting seconds, and its steps that drafted nothing with their verify seconds.
     drafted: int = 0
     propose_s: float = 0.0

@@ -297,12 +297,17 @@ def record_generation(key: UsageKey, row: Row, *, path: Path | None = None, cloc
     return bool(record_rows([(key, row)], path=path, clock=clock))
 
 
+def says_something(row: Row) -> bool:
+    """Whether a row is worth keeping: `MIN_STEPS` steps or more, and time measured."""
+    return row.steps >= MIN_STEPS and row.decode_s > 0
+
+
 def record_rows(items: Sequence[tuple[UsageKey, Row]], *, path: Path | None = None,
                 clock: float | None = None) -> list[tuple[UsageKey, Row]]:  # fmt: skip
     """Add rows (one generation's: a switching method's has one per arm) in one locked,
     atomic write; rows too short to say anything (fewer than `MIN_STEPS` steps) are left
     out. Returns the rows written."""
-    kept = [(key, row) for key, row in items if row.steps >= MIN_STEPS and row.decode_s > 0]
+    kept = [(key, row) for key, row in items if says_something(row)]
     if not kept:
         return []
     import time
@@ -471,7 +476,7 @@ class UsageRecorder:
             return None
 
         def on_finish(stream: Any) -> None:
-            rows = [(arm, row) for arm, row in generation_rows(label, stream) if row.steps >= MIN_STEPS]
+            rows = [(arm, row) for arm, row in generation_rows(label, stream) if says_something(row)]
             if not rows:
                 return
             name = profile
