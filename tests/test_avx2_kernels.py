@@ -449,7 +449,7 @@ def test_a_prefill_runs_natively_in_chunks_and_gives_a_token_the_bits_of_one_nat
     assert native is not None
 
     def counted(ids: torch.Tensor, *args: Any) -> Any:
-        calls.append((ids.shape[1], args[-1]))
+        calls.append((ids.shape[1], args[5]))
         return native(ids, *args)
 
     runner.native = counted  # type: ignore[assignment]
@@ -521,6 +521,81 @@ def test_the_native_step_computes_the_last_rows_logits_alone_on_request(avx2_dir
         assert torch.equal(step(ids, positions, mask, 0, buffers, False, rows)[0], every[:, -min(rows, 5):])
     with pytest.raises(RuntimeError, match="logit_rows must be >= 0"):
         step(ids, positions, mask, 0, buffers, False, -1)
+
+
+@pytest.mark.parametrize("start,rows,window", [(0, 1, 32), (20, 1, 32), (20, 3, 32), (20, 3, 64), (19, 2, 21)])
+def test_a_chain_without_a_mask_is_the_step_with_step_mask_s_mask(avx2_dir: Path, start: int, rows: int, window: int) -> None:
+    """A chain's positions and causal mask made by the op (none handed in, only the window
+    it attends) give the bits of the step handed `runner.step_mask`'s, and the same cache rows."""
+    from pardec_cli.engine.native import NativeStep
+    from pardec_cli.engine.runner import step_mask
+    from pardec_cli.engine.static_cache import StaticKVCache
+
+    model = native_llama()
+    cpu = torch.device("cpu")
+    ids = torch.tensor([random_prompt(7)[:rows]])
+    outs, caches = [], []
+    for given in (True, False):
+        step = NativeStep(model)
+        buffers = StaticKVCache(model.config, 64, dtype=torch.float16, device=cpu).buffers()
+        if start:
+            mask, positions = step_mask(0, start, 64, None, dtype=torch.float32, device=cpu)
+            step(torch.tensor([random_prompt(5)[:start]]), positions, mask, 0, buffers, False)
+        mask, positions = step_mask(start, rows, window, None, dtype=torch.float32, device=cpu)
+        got = step(ids, positions, mask, start, buffers, True) if given else step(ids, None, None, start, buffers, True, 0, window)
+        outs.append(got)
+        caches.append([k.clone() for k, _ in buffers] + [v.clone() for _, v in buffers])
+    (logits, states), (logits_chain, states_chain) = outs
+    assert torch.equal(logits, logits_chain)
+    assert states is not None and states_chain is not None and all(torch.equal(a, b) for a, b in zip(states, states_chain))
+    assert all(torch.equal(a, b) for a, b in zip(*caches))
+
+
+def test_a_chain_without_a_mask_needs_a_window_that_holds_it(avx2_dir: Path) -> None:
+    from pardec_cli.engine.native import NativeStep
+    from pardec_cli.engine.static_cache import StaticKVCache
+
+    model = native_llama()
+    step = NativeStep(model)
+    buffers = StaticKVCache(model.config, 64, dtype=torch.float32, device=torch.device("cpu")).buffers()
+    ids = torch.tensor([[5, 7]])
+    for start, window in ((0, 0), (0, 1), (10, 11), (0, 65)):  # none, rows past the window, a window past the cache
+        with pytest.raises(RuntimeError, match="llama_step"):
+            step(ids, None, None, start, buffers, False, 0, window)
+
+
+def test_the_runner_s_chain_steps_hand_the_native_step_no_mask_once_it_was_checked(avx2_dir: Path) -> None:
+    """After the first native step (checked against the eager one, so with a mask), chains
+    go without mask and positions; a tree still gets its mask. The logits are what the same
+    steps with masks give."""
+    from pardec_cli.engine.runner import CompiledLanguageModel, attended_rows, step_mask
+
+    calls: list[tuple[bool, int]] = []  # (mask handed in, window)
+    runs = []
+    for spy in (True, False):
+        runner = CompiledLanguageModel(native_llama(), compile_missing=False)
+        native = runner.native
+        assert native is not None
+        if spy:
+            def recorded(*args: Any, native: Any = native) -> Any:
+                calls.append((args[2] is not None, args[7]))
+                return native(*args)
+            runner.native = recorded  # type: ignore[assignment]
+        else:  # the same steps, each handed step_mask's mask
+            def masked(ids: Any, positions: Any, mask: Any, start: int, buffers: Any, hidden: bool, logit_rows: int = 0,
+                       window: int = 0, native: Any = native) -> Any:  # fmt: skip
+                if mask is None:
+                    mask, positions = step_mask(start, ids.shape[-1], window, None, dtype=torch.float32, device=torch.device("cpu"))
+                return native(ids, positions, mask, start, buffers, hidden, logit_rows)
+            runner.native = masked  # type: ignore[assignment]
+        with torch.inference_mode():
+            cache = runner.new_cache(32)
+            runner.forward(random_prompt(5)[:6], cache, last_only=True)
+            out = [runner.forward([3], cache), runner.forward([4, 5, 6], cache), runner.forward([7, 8, 9, 10], cache, parents=(-1, -1, 0))]
+        runs.append(out)
+    assert calls[0][0] is True  # the prefill: the checked first step
+    assert calls[1:] == [(False, attended_rows(7, cache.capacity, False)), (False, attended_rows(10, cache.capacity, False)), (True, 0)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 def test_q4q8_loads_on_the_avx2_library_where_avx512_vnni_is_missing(

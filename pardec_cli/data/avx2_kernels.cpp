@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -883,14 +884,18 @@ inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) 
 // One step of R new tokens: ids [R] (int64), RoPE tables cos and sin [P, D] (rows by
 // position), positions [R] (each row's position, < P), mask [1, 1, R, W] (additive, over
 // the first W cache rows), the rows written at cache rows start..start+R-1 of every
-// layer's keys and values (`LlamaWeights::set_cache`; start + R <= W <= C). Returns logits [R, V],
+// layer's keys and values (`LlamaWeights::set_cache`; start + R <= W <= C). A chain (row r
+// after every cached row and the new rows before it: plain decoding, a drafted sequence)
+// may come as empty positions and mask and its `window` W: positions start + r, and the
+// mask `runner.step_mask` builds for it, here (a cold step's Python pays ~0.1 ms for its
+// torch calls after the weights' stream). Returns logits [R, V],
 // or with `logit_rows` > 0 those of the last logit_rows rows only (a prefill's chunk wants
 // one row's, and the head is the largest product: 28 MB for SmolLM2-135M's 49,152 words);
 // `states`, if given ([L + 1, R, E]), gets transformers' hidden states: the embeddings,
 // each layer's output but the last, the final norm's output.
 at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tensor& ids, const at::Tensor& cos, const at::Tensor& sin,
-                      const at::Tensor& positions, const at::Tensor& mask, int64_t start, const std::optional<at::Tensor>& states,
-                      int64_t logit_rows) {
+                      const at::Tensor& positions_in, const at::Tensor& mask_in, int64_t start, const std::optional<at::Tensor>& states,
+                      int64_t logit_rows, int64_t window) {
   const int64_t L = static_cast<int64_t>(w->cache_layer.size()), E = w->embed.size(1), V = w->embed.size(0);
   const int64_t H = w->heads, Hkv = w->kv_heads, D = w->head_dim, I = w->inter, Q = H * D, KV = Hkv * D, QKV = Q + 2 * KV;
   const int64_t R = ids.numel();
@@ -898,21 +903,34 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   TORCH_CHECK(logit_rows >= 0, "llama_step: logit_rows must be >= 0 (0: every row), got ", logit_rows);
   // The rows whose logits are wanted: the last logit_rows (a prefill wants its last row's).
   const int64_t first_logit = logit_rows > 0 ? R - std::min(logit_rows, R) : 0;
-  TORCH_CHECK(positions.dim() == 1 && positions.numel() == R && positions.scalar_type() == at::kLong && positions.is_contiguous(),
-              "llama_step: positions must be int64 [R]");
+  // A chain without positions and mask: start + r, and 0 over cache rows 0..start+r with the
+  // float's lowest beyond (what `runner.step_mask` writes: the same bits as one handed in).
+  const bool chain = positions_in.numel() == 0 && mask_in.numel() == 0;
+  TORCH_CHECK(!chain || (start >= 0 && window >= start + R),
+              "llama_step: a chain without a mask needs a window of at least start + R rows, got ", window);
+  if (!chain) {
+    TORCH_CHECK(positions_in.dim() == 1 && positions_in.numel() == R && positions_in.scalar_type() == at::kLong &&
+                positions_in.is_contiguous(), "llama_step: positions must be int64 [R]");
+    TORCH_CHECK(mask_in.dim() == 4 && mask_in.size(0) == 1 && mask_in.size(1) == 1 && mask_in.size(2) == R &&
+                mask_in.scalar_type() == at::kFloat && mask_in.is_contiguous(), "llama_step: mask must be contiguous float32 [1, 1, R, W]");
+  }
   TORCH_CHECK(cos.dim() == 2 && cos.size(1) == D && cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.sizes() == cos.sizes() &&
               sin.scalar_type() == at::kFloat && sin.is_contiguous(), "llama_step: cos and sin must be contiguous float32 [P, D]");
-  TORCH_CHECK(mask.dim() == 4 && mask.size(0) == 1 && mask.size(1) == 1 && mask.size(2) == R && mask.scalar_type() == at::kFloat &&
-              mask.is_contiguous(), "llama_step: mask must be contiguous float32 [1, 1, R, W]");
-  const int64_t W = mask.size(3), P = cos.size(0);
+  const int64_t W = chain ? window : mask_in.size(3), P = cos.size(0);
   const std::vector<at::Tensor>& keys = w->keys;
   const std::vector<at::Tensor>& values = w->values;
   TORCH_CHECK(!keys.empty(), "llama_step: no cache set (LlamaWeights.set_cache)");
   const int64_t C = keys[0].size(2);
   TORCH_CHECK(start >= 0 && start + R <= W && W <= C, "llama_step: rows ", start, "..", start + R, " do not fit a window of ", W,
               " in a cache of ", C);
+  std::vector<int64_t> chain_pos(chain ? R : 0);
+  std::vector<float> chain_mask(chain ? R * W : 0, std::numeric_limits<float>::lowest());
+  for (int64_t r = 0; r < (chain ? R : 0); ++r) {
+    chain_pos[r] = start + r;
+    std::fill_n(chain_mask.data() + r * W, start + r + 1, 0.0f);
+  }
   const int64_t* id = ids.data_ptr<int64_t>();
-  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* pos = chain ? chain_pos.data() : positions_in.data_ptr<int64_t>();
   for (int64_t r = 0; r < R; ++r) {
     TORCH_CHECK(id[r] >= 0 && id[r] < V, "llama_step: token id ", id[r], " is outside the vocabulary of ", V);
     TORCH_CHECK(pos[r] >= 0 && pos[r] < P, "llama_step: position ", pos[r], " is outside the RoPE table of ", P);
@@ -932,7 +950,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   float* dx = dsx.data();
   float* sx = dx + R * (widest / kGroup);
   const float eps = static_cast<float>(w->eps);
-  const float* mp = mask.data_ptr<float>();
+  const float* mp = chain ? chain_mask.data() : mask_in.data_ptr<float>();
   for (int64_t r = 0; r < R; ++r) std::copy_n(w->embed.data_ptr<float>() + id[r] * E, E, x.data() + r * E);
   if (st) std::copy(x.begin(), x.end(), st);
   for (int64_t l = 0; l < L; ++l) {
@@ -1001,7 +1019,7 @@ TORCH_LIBRARY(pardec_avx2, m) {
                        std::vector<int64_t>, double, double>())
       .def("set_cache", &LlamaWeights::set_cache);
   m.def("llama_step(__torch__.torch.classes.pardec_avx2.LlamaWeights weights, Tensor ids, Tensor cos, Tensor sin, Tensor positions, "
-        "Tensor mask, int start, Tensor? states, int logit_rows=0) -> Tensor");
+        "Tensor mask, int start, Tensor? states, int logit_rows=0, int window=0) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pardec_avx2, CPU, m) {
   m.impl("f32_mm", &f32_mm);

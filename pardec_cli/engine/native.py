@@ -111,6 +111,8 @@ class NativeStep:
         self._rotary = decoder.rotary_emb
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0, head_dim), torch.empty(0, head_dim))
         self._cache: list[torch.Tensor] = []  # the keys of the cache the op holds (`set_cache`), per layer
+        # A chain's positions and mask: none (the op makes them; see __call__).
+        self._no_positions, self._no_mask = torch.empty(0, dtype=torch.long), torch.empty(0)
 
     def _rope(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [P, D] for positions 0..P-1 with P >= `positions` (the model's own rotary module)."""
@@ -122,19 +124,24 @@ class NativeStep:
         return self._tables
 
     def __call__(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: int,
-        buffers: list[tuple[torch.Tensor, torch.Tensor]], hidden: bool, logit_rows: int = 0,
+        self, input_ids: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None, start: int,
+        buffers: list[tuple[torch.Tensor, torch.Tensor]], hidden: bool, logit_rows: int = 0, window: int = 0,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """One step: input ids and positions [1, R], mask [1, 1, R, W] (`runner.step_mask`),
-        rows written at start..start+R-1 of the cache `buffers`. Returns (logits [1, R, V],
+        rows written at start..start+R-1 of the cache `buffers`; positions and mask None for a
+        chain (each row after the cached rows and the new rows before it) over the first
+        `window` cache rows, which the op builds as `step_mask` would. Returns (logits [1, R, V],
         or [1, logit_rows, V] of the last rows where `logit_rows` > 0, transformers' hidden
         states, each [1, R, E], with `hidden`, else None)."""
-        ids, pos = input_ids.view(-1), positions.view(-1)
+        ids = input_ids.view(-1)
+        pos = self._no_positions if positions is None else positions.view(-1)
+        if mask is None:
+            mask = self._no_mask
         cos, sin = self._rope(start + ids.shape[0])  # a row's position is at most start + its index
         # Another cache, or this one grown (new buffers): hand it over.
         if len(buffers) != len(self._cache) or any(k is not held for (k, _), held in zip(buffers, self._cache)):
             self.weights.set_cache([k for k, _ in buffers], [v for _, v in buffers])
             self._cache = [k for k, _ in buffers]
         states = torch.empty(self.layers + 1, ids.shape[0], self.hidden_size) if hidden else None
-        logits = torch.ops.pardec_avx2.llama_step(self.weights, ids, cos, sin, pos, mask, start, states, logit_rows)
+        logits = torch.ops.pardec_avx2.llama_step(self.weights, ids, cos, sin, pos, mask, start, states, logit_rows, window)
         return logits.unsqueeze(0), (None if states is None else tuple(s.unsqueeze(0) for s in states))

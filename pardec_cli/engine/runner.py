@@ -510,12 +510,16 @@ class CompiledLanguageModel(LanguageModel):
         # A prefill (last_only, many rows) runs eagerly: it keeps only the last row's logits.
         kind = graph_kind(rows) if rows == 1 or not last_only else None
         padding = padded_rows(rows) - rows if kind in (VERIFY, VERIFY_WIDE) and self.fixed_shapes else 0
-        mask, positions = self._place(cache, start, rows, parents, padding)
-        input_ids = self.as_input([*token_ids, *[0] * padding])
         out = None
-        if kind is not None and self.native is not None:
+        chain = kind is not None and parents is None and not padding and self.native is not None and self._native_checked
+        if chain:  # None: the native step failed, this step runs eagerly
+            out = self._native_chain(token_ids, cache, start, hidden)
+        if out is None:
+            mask, positions = self._place(cache, start, rows, parents, padding)
+            input_ids = self.as_input([*token_ids, *[0] * padding])
+        if out is None and not chain and kind is not None and self.native is not None:
             out = self._native_step(input_ids, positions, mask, cache, start, hidden)
-        elif kind is not None:
+        elif out is None and not chain and kind is not None:
             out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden, self._cache_keyword))
         if out is None:
             # A fresh prefill of a chain: causal from the top left, no mask to read (`attention.prefill_attention`).
@@ -593,16 +597,32 @@ class CompiledLanguageModel(LanguageModel):
             logits = out[0]
         return _Output(logits, None)
 
-    def _native_step(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int, hidden: bool,
-                     logit_rows: int = 0) -> Any:  # fmt: skip
+    def _native_chain(self, token_ids: Sequence[int], cache: StaticKVCache, start: int, hidden: bool) -> Any:
+        """A chain of new rows (plain decoding, a drafted sequence) on the native step once its
+        first step was checked: the op makes the rows' positions and causal mask itself, so no
+        mask or position tensors are built in Python (after a step has streamed the weights
+        through the caches, each torch call between steps costs tens of microseconds; the
+        mask's took ~0.1 ms of a 5 ms step: docs/runner.md). None where the step failed."""
+        rows = len(token_ids)
+        if start + rows > cache.capacity:
+            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
+        window = attended_rows(start + rows, cache.capacity, self.fixed_shapes)  # as `_place` attends
+        return self._native_step(self.as_input(token_ids), None, None, cache, start, hidden, window=window)
+
+    def _native_step(self, input_ids: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None,
+                     cache: StaticKVCache, start: int, hidden: bool, logit_rows: int = 0, window: int = 0) -> Any:  # fmt: skip
         """A step through `engine.native` (logits of its last `logit_rows` rows, 0: of every
-        row); its first one is checked against the eager step (run first: the cache keeps
-        the rows the native step writes, as in every later step). A mismatch, or an error,
-        turns the native step off for this model, with a notice."""
+        row; positions and mask None: a chain over the first `window` cache rows, once checked);
+        its first one is checked against the eager step (run first: the cache keeps the rows
+        the native step writes, as in every later step). A mismatch, or an error, turns the
+        native step off for this model, with a notice."""
         assert self.native is not None
-        expected = None if self._native_checked else self._eager(input_ids, positions, mask, cache, hidden, False)
+        expected = None
+        if not self._native_checked:
+            assert positions is not None and mask is not None
+            expected = self._eager(input_ids, positions, mask, cache, hidden, False)
         try:
-            out = self.native(input_ids, positions, mask, start, cache.buffers(), hidden, logit_rows)
+            out = self.native(input_ids, positions, mask, start, cache.buffers(), hidden, logit_rows, window)
         except Exception as exc:
             self.native = None
             self._on_notice(f"the native step failed ({first_line(exc, typed=True)}); compiling the steps instead")
