@@ -221,6 +221,23 @@ def test_greedy_chain_keeps_the_longest_agreeing_prefix(all_rows):
     assert verify_greedy(Draft(), _logits_preferring({0: 3}, 1), all_rows=all_rows) == Verdict(0, (3,), ())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_greedy_walk_takes_the_first_of_tied_maxima_and_nans_on_any_layout(dtype):
+    """On a CPU float32 rows are read through numpy all at once, other dtypes row by row by
+    `greedy_token`: either way the first of tied maxima, a NaN above everything, as
+    generate()'s argmax; strided rows (a padded step's first rows, every other word) and
+    rows that require grad alike."""
+    logits = torch.zeros(5, 64, dtype=dtype)
+    logits[0, [4, 9]] = 5.0  # tied: 4
+    logits[1, [30, 5]] = float("nan")  # the first NaN: 5
+    logits[2, [9, 60]] = 3.0  # tied: 9
+    chain = Draft((4, 5, 9, 1))
+    assert verify_greedy(chain, logits[:4]) == Verdict(3, (4, 5, 9, 0), (0, 1, 2))
+    assert verify_greedy(Draft((2, 15)), logits[:3, ::2]) == Verdict(2, (2, 15, 30), (0, 1))  # words 0, 2, 4, ...
+    grad = logits.float().requires_grad_()
+    assert verify_greedy(chain, grad[:4]) == verify_greedy(chain, logits[:4])
+
+
 # --- exact sampling over trees ------------------------------------------------------------
 
 P0 = torch.tensor([0.30, 0.25, 0.20, 0.15, 0.10])  # target after the root
