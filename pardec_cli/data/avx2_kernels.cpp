@@ -905,9 +905,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   const int64_t first_logit = logit_rows > 0 ? R - std::min(logit_rows, R) : 0;
   // A chain without positions and mask: start + r, and 0 over cache rows 0..start+r with the
   // float's lowest beyond (what `runner.step_mask` writes: the same bits as one handed in).
-  const bool chain = positions_in.numel() == 0 && mask_in.numel() == 0;
-  TORCH_CHECK(!chain || (start >= 0 && window >= start + R),
-              "llama_step: a chain without a mask needs a window of at least start + R rows, got ", window);
+  const bool chain = positions_in.numel() == 0 && mask_in.numel() == 0;  // its window W: checked below as a mask's
   if (!chain) {
     TORCH_CHECK(positions_in.dim() == 1 && positions_in.numel() == R && positions_in.scalar_type() == at::kLong &&
                 positions_in.is_contiguous(), "llama_step: positions must be int64 [R]");

@@ -510,21 +510,20 @@ class CompiledLanguageModel(LanguageModel):
         # A prefill (last_only, many rows) runs eagerly: it keeps only the last row's logits.
         kind = graph_kind(rows) if rows == 1 or not last_only else None
         padding = padded_rows(rows) - rows if kind in (VERIFY, VERIFY_WIDE) and self.fixed_shapes else 0
-        out = None
         chain = kind is not None and parents is None and not padding and self.native is not None and self._native_checked
-        if chain:  # None: the native step failed, this step runs eagerly
-            out = self._native_chain(token_ids, cache, start, hidden)
+        out = self._native_chain(token_ids, cache, start, hidden) if chain else None  # None: it failed, eager below
         if out is None:
             mask, positions = self._place(cache, start, rows, parents, padding)
             input_ids = self.as_input([*token_ids, *[0] * padding])
-        if out is None and not chain and kind is not None and self.native is not None:
-            out = self._native_step(input_ids, positions, mask, cache, start, hidden)
-        elif out is None and not chain and kind is not None:
-            out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden, self._cache_keyword))
-        if out is None:
-            # A fresh prefill of a chain: causal from the top left, no mask to read (`attention.prefill_attention`).
-            causal = kind is None and start == 0 and parents is None
-            out = self._eager(input_ids, positions, mask, cache, hidden, last_only, causal=causal)
+            if kind is not None and not chain:
+                if self.native is not None:
+                    out = self._native_step(input_ids, positions, mask, cache, start, hidden)
+                else:
+                    out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden, self._cache_keyword))
+            if out is None:
+                # A fresh prefill of a chain: causal from the top left, no mask to read (`attention.prefill_attention`).
+                causal = kind is None and start == 0 and parents is None
+                out = self._eager(input_ids, positions, mask, cache, hidden, last_only, causal=causal)
         cache.length = start + rows
         logits, states = out
         if padding:  # [1, rows + padding, V] -> [1, rows, V]; hidden states alike
@@ -564,13 +563,18 @@ class CompiledLanguageModel(LanguageModel):
             state.compile_seconds = perf_counter() - began
         return out
 
+    def _room(self, cache: StaticKVCache, start: int, rows: int, padding: int = 0) -> int:
+        """Room in `cache` for `rows` (+ `padding`) inputs at `start` (grown if needed, with
+        room for a wide step more), and how many of its rows a step over them attends."""
+        if start + rows + padding > cache.capacity:
+            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
+        return attended_rows(start + rows + padding, cache.capacity, self.fixed_shapes)
+
     def _place(self, cache: StaticKVCache, start: int, rows: int, parents: Sequence[int] | None, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Room in `cache` for `rows` (+ `padding`) inputs at `start` (grown if needed), and
         their mask and position ids (`step_mask`, over the attended window), also set as the
         cache's slots for the attention functions of eager and compiled steps."""
-        if start + rows + padding > cache.capacity:
-            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
-        width = attended_rows(start + rows + padding, cache.capacity, self.fixed_shapes)
+        width = self._room(cache, start, rows, padding)
         mask, positions = step_mask(start, rows, width, parents, dtype=self.dtype, device=self.device, padding=padding)
         cache.slots.positions = torch.arange(start, start + rows + padding, device=self.device)
         cache.slots.window = mask
@@ -582,8 +586,7 @@ class CompiledLanguageModel(LanguageModel):
         logits only: (logits [1, 1, V]). None where the native step failed or was turned
         off on the way (the cache is as it was: the caller prefills eagerly)."""
         start, rows = cache.length, len(token_ids)
-        if start + rows > cache.capacity:  # grown once for the whole prefill, not per call
-            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
+        self._room(cache, start, rows)  # grown once for the whole prefill, not per call
         logits = None
         for lo in range(0, rows, NATIVE_PREFILL_ROWS):
             part = token_ids[lo : lo + NATIVE_PREFILL_ROWS]
@@ -603,10 +606,7 @@ class CompiledLanguageModel(LanguageModel):
         mask or position tensors are built in Python (after a step has streamed the weights
         through the caches, each torch call between steps costs tens of microseconds; the
         mask's took ~0.1 ms of a 5 ms step: docs/runner.md). None where the step failed."""
-        rows = len(token_ids)
-        if start + rows > cache.capacity:
-            cache.grow(capacity_for(start + rows + MAX_COMPILED_ROWS))
-        window = attended_rows(start + rows, cache.capacity, self.fixed_shapes)  # as `_place` attends
+        window = self._room(cache, start, len(token_ids))  # as `_place` attends
         return self._native_step(self.as_input(token_ids), None, None, cache, start, hidden, window=window)
 
     def _native_step(self, input_ids: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None,
