@@ -10,7 +10,7 @@ switch among (`--method auto`'s plan, from this home's learned state), and for e
 those arms and a few reference configurations notes, at every position of the output,
 how many nodes it would draft and how many of them greedy verification would keep.
 `replay` then runs `methods.adaptive.SwitchPolicy` over those tables with a step-cost
-model (the cost curve auto measured here, `learned.json`, plus the loop's time per step,
+model (the cost curve auto ranks with on this machine, plus the loop's time per step,
 times lognormal noise with occasional spikes) and compares it with each configuration run
 alone, with its first arm alone, and with the best of its arms per prompt (an oracle):
 policy changes are measured in seconds, not in benchmark runs whose noise on a shared
@@ -78,20 +78,9 @@ def record(args: argparse.Namespace) -> None:
                     arm.update([*context, output[q]], EMPTY_DRAFT, Outcome(accepted=0))
             out.append({"category": category, "id": row.get("question_id"), "arms": arms, "tokens": len(output), "table": table})
             print(f"{category} {row.get('question_id')}: {arms or '(one configuration)'}", flush=True)
-    curve = _measured_curve()
-    Path(args.out).write_text(json.dumps({"curve_ms": curve, "prompts": out}))
-    print(f"wrote {args.out} ({len(out)} prompts; cost curve {curve})")
-
-
-def _measured_curve() -> dict[str, float]:
-    """The newest cost curve in this home's learned.json (ms by rows), or a Zen 4 EPYC's."""
-    from pardec_cli.home import pardec_home
-
-    path = pardec_home() / "learned.json"
-    curves = json.loads(path.read_text()).get("curves", {}) if path.exists() else {}
-    if curves:
-        return max(curves.values(), key=lambda c: c.get("updated", 0))["ms"]
-    return {"1": 4.36, "2": 4.7, "4": 5.2, "8": 7.76, "16": 14.4, "32": 30.0}
+    curve = session.auto_selector().curve  # what auto ranks with: measured here, else estimated
+    Path(args.out).write_text(json.dumps({"curve_ms": {str(n): ms for n, ms in curve.points}, "prompts": out}))
+    print(f"wrote {args.out} ({len(out)} prompts; cost curve {curve.points}, {curve.source})")
 
 
 class Costs:
@@ -99,23 +88,17 @@ class Costs:
     times lognormal noise (sigma) with a spike (x1.2-1.6) on a share of the steps."""
 
     def __init__(self, curve: dict[str, float], seed: int, sigma: float, spikes: float) -> None:
-        self.points = sorted((int(rows), ms) for rows, ms in curve.items())
-        self.random, self.sigma, self.spikes = random.Random(seed), sigma, spikes
+        from pardec_cli.selection.costmodel import CostCurve
 
-    def forward(self, rows: int) -> float:
-        points = self.points
-        if rows <= points[0][0]:
-            return points[0][1]
-        for (r0, m0), (r1, m1) in zip(points, points[1:]):
-            if rows <= r1:
-                return m0 + (rows - r0) / (r1 - r0) * (m1 - m0)
-        return points[-1][1] * rows / points[-1][0]
+        # auto's own model of a forward's time: interpolated, extrapolated by the last slope
+        self.curve = CostCurve.from_mapping({int(rows): ms for rows, ms in curve.items()}, "replayed")
+        self.random, self.sigma, self.spikes = random.Random(seed), sigma, spikes
 
     def step(self, label: str, drafted: int) -> float:
         noise = math.exp(self.random.gauss(0, self.sigma))
         if self.random.random() < self.spikes:
             noise *= self.random.uniform(1.2, 1.6)
-        return (self.forward(1 + drafted) + LOOP_MS + draft_ms(label)) * noise
+        return (self.curve.ms(1 + drafted) + LOOP_MS + draft_ms(label)) * noise
 
 
 def draft_ms(label: str) -> float:
