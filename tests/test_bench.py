@@ -80,7 +80,13 @@ def test_method_list_with_knobs_and_layer_lists():
     assert choices[2].options == {"layer_list": "0-9,20-29", "k": "4"}
 
 
-@pytest.mark.parametrize("text", ["", "pld[", "pld[num_draft]"])
+def test_method_list_with_adaptive_arms_in_brackets():
+    choices = parse_methods("vanilla,adaptive[arms=pld[fit=true,num_draft=16] | vanilla,dwell=4],pld[num_draft=2]")
+    assert [c.label for c in choices] == ["vanilla", "adaptive[arms=pld[fit=true,num_draft=16] | vanilla,dwell=4]", "pld[num_draft=2]"]
+    assert choices[1].options == {"arms": "pld[fit=true,num_draft=16] | vanilla", "dwell": "4"}
+
+
+@pytest.mark.parametrize("text", ["", "pld[", "pld[num_draft]", "adaptive[arms=pld[num_draft=2 | vanilla]"])
 def test_bad_method_lists(text):
     with pytest.raises(PardecUsageError):
         parse_methods(text)
