@@ -23,7 +23,10 @@ CONFIGS = [
     ("pld", {"branches": 4}),
     # one-token matches left out: what the profiles' cpu candidates use (docs/auto.md)
     ("pld", {"num_draft": 2, "min_ngram": 2}), ("pld", {"num_draft": 4, "min_ngram": 2}), ("pld", {"num_draft": 8, "min_ngram": 2}),
+    # lengths fitted per step (by the session's cost curve and its own step times): machine-dependent
+    ("pld", {"num_draft": 16, "fit": True}), ("pld", {"num_draft": 16, "fit": True, "min_ngram": 2}),
     ("suffix", {"max_nodes": 4}), ("suffix", {"max_nodes": 8}), ("suffix", {"max_nodes": 16}), ("suffix", {}), ("suffix", {"max_nodes": 64}),
+    ("suffix", {"max_nodes": 8, "min_match": 2}),  # the code and extraction profiles' cpu candidate
     ("recycling", {"nodes": 8, "depth": 4}), ("recycling", {"nodes": 16}), ("recycling", {}), ("recycling", {"nodes": 64, "depth": 8}),
     ("lookahead", {"window": 4, "ngram": 3, "guesses": 3}), ("lookahead", {}), ("lookahead", {"window": 10, "ngram": 5, "guesses": 10}),
     ("jacobi", {"window": 4}), ("jacobi", {}),

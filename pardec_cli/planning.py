@@ -164,7 +164,9 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
 
     `repeatable` (a sampled reply with a seed): `adapt` is off unless given. Which arm drafts
     depends on measured time, and a sampled reply's tokens on what was drafted, so a
-    switching reply would not repeat for its seed.
+    switching reply would not repeat for its seed. A choice that sizes its drafts itself
+    (`MethodSpec.self_sizing`: pld's fit, which drafts nothing where drafting does not pay
+    by the reply's own step times) runs alone unless `adapt` is given.
     """
     from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, challenger_arm, sibling_arms, size_free
     from pardec_cli.methods.options import resolve_options
@@ -177,6 +179,10 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
                                "repeats it (switching depends on measured time; -O adapt=on switches anyway)"]
     if not adapt:
         return method, knobs, []
+    sizing = get_spec(method).self_sizing if "+" not in method else None
+    if sizing and "adapt" not in options and resolve_options(method, get_spec(method).options, knobs)[sizing]:
+        return method, knobs, [f"adapt     {arm_label(method, knobs)} sizes each draft itself by measured step times, down "
+                               "to none where drafting does not pay: no arms to switch among (-O adapt=on adds them)"]
     # A choice expected to gain less than the margin an arm must win by to take over
     # starts behind plain decoding, as its challenger: it must prove that margin here.
     margin = resolve_options("adaptive", get_spec("adaptive").options, {})["margin"]

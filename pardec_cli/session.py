@@ -324,8 +324,13 @@ class Session:
         from pardec_cli.store.heads import read_marker
 
         env = MethodEnv(self.target, self.tokenizer, self._load_drafter, self._find_heads, self.model_name,
-                        heads_notes=read_marker)
+                        heads_notes=read_marker, step_ms=self._step_ms)
         return create(name, options, env)
+
+    def _step_ms(self, tokens: int) -> float:
+        """Milliseconds of a forward verifying `tokens` tokens here: auto's cost curve
+        (measured once per model, machine and step kind; else estimated)."""
+        return float(self.auto_selector().curve.ms(tokens))
 
     def build_proposer(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
         """A new proposer for this session's model, without making it the current method."""

@@ -388,6 +388,17 @@ def test_auto_runs_its_choice_adaptively_unless_adapt_is_off():
         auto_method(choice("pld", {}), {"adapt": "sometimes"})
 
 
+def test_a_choice_that_sizes_its_own_drafts_runs_alone_unless_adapt_is_given():
+    """pld's fit drafts nothing where drafting does not pay by the reply's own step times:
+    a plain arm and other sizes would only add their probes."""
+    fit = {"num_draft": 16, "fit": True}
+    method, knobs, lines = auto_method(choice("pld", fit), {})
+    assert (method, knobs) == ("pld", fit) and "sizes each draft itself" in lines[0]
+    assert auto_method(choice("pld", {"num_draft": 16, "fit": "false"}), {})[0] == "adaptive"
+    assert auto_method(choice("pld", fit), {"adapt": "on"})[1]["arms"].startswith("pld[fit=true,num_draft=16] | ")
+    assert auto_method(choice("pld", fit), {"adapt": "off"}) == ("pld", fit, [])
+
+
 def test_a_seeded_sampled_reply_keeps_auto_s_choice_unless_adapt_is_given():
     """Switches follow measured time, and a sampled reply's tokens follow what was drafted:
     only a fixed method lets a seed repeat a reply."""
@@ -496,7 +507,8 @@ def gen(model, *args):
 
 
 def test_gen_auto_is_adaptive_and_shows_its_arms_and_switches(tiny_cli_model):
-    result = gen(tiny_cli_model, "-n", "24", "--jsonl", "--stats", "--explain", CODE_PROMPT)
+    # adapt=on: auto's choice for code on a CPU sizes its own drafts and would run alone
+    result = gen(tiny_cli_model, "-n", "24", "--jsonl", "--stats", "--explain", "-O", "adapt=on", CODE_PROMPT)
     assert result.exit_code == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     steps, final = lines[:-1], lines[-1]

@@ -22,6 +22,7 @@ METHOD_CASES = [
     ("pld", {}),
     ("pld", {"max_ngram": 1, "num_draft": 3}),
     ("pld", {"prefer": "recent"}),
+    ("pld", {"fit": True, "num_draft": 8}),
     ("layerskip", {"layers": 1}),
     ("layerskip", {"layers": 3, "k": 8, "adaptive": False}),
     ("layerskip", {"layer_list": "0,2"}),

@@ -64,12 +64,22 @@ def test_auto_plans_carry_the_selectors_choice(session) -> None:
                       user_set=ALL_SETTINGS, profiles=load_profiles(), selector=session.auto_selector())
     assert plan.profile == "code"  # detected from the prompt
     assert plan.choice is not None
-    # By default auto runs its choice adaptively: the choice is the first arm.
-    assert plan.method == "adaptive" and plan.knobs["arms"].startswith(plan.choice.label)
+    # On a CPU its choice for code sizes its own drafts (pld's fit): it runs alone, as chosen.
+    assert (plan.method, plan.knobs) == (plan.choice.method, dict(plan.choice.knobs)) == ("pld", {"num_draft": 16, "fit": True})
+    # Adaptively where asked: the choice is the first arm.
+    adaptive = plan_reply(CODE_PROMPT, method=AUTO, options={"adapt": "on"}, profile=AUTO, settings=greedy(),
+                          user_set=ALL_SETTINGS, profiles=load_profiles(), selector=session.auto_selector())
+    assert adaptive.method == "adaptive" and adaptive.knobs["arms"].startswith(adaptive.choice.label)
     fixed = plan_reply(CODE_PROMPT, method=AUTO, options={"adapt": "off"}, profile=AUTO, settings=greedy(),
                        user_set=ALL_SETTINGS, profiles=load_profiles(), selector=session.auto_selector())
     assert fixed.label == fixed.choice.label
     assert (fixed.method, fixed.knobs) == (fixed.choice.method, dict(fixed.choice.knobs))
+
+
+def test_methods_size_drafts_by_the_cost_curve_auto_ranks_with(session) -> None:
+    pld = session.build_proposer("pld", {"fit": True, "num_draft": 4})
+    curve = session.auto_selector().curve
+    assert [pld._step_ms(rows) for rows in (1, 3, 5)] == [curve.ms(rows) for rows in (1, 3, 5)]
 
 
 def test_the_session_keeps_one_selector_per_set_of_drafters(session) -> None:

@@ -177,6 +177,7 @@ def models():
     ("draft", {"model": "drafter", "k": 2, "adaptive": False}),
     ("layerskip", {"layers": 1, "k": 2, "adaptive": False}),
     ("pld", {"min_ngram": 1, "max_ngram": 1}),
+    ("pld", {"min_ngram": 1, "max_ngram": 1, "fit": True, "num_draft": 3}),  # lengths chosen per step
     # Trees: several candidates per node, so the multi-candidate rule runs end to end.
     ("recycling", {"topk": 3, "nodes": 6, "depth": 2}),
     ("lookahead+pld", {"window": 2, "ngram": 3, "guesses": 2, "pld.branches": 2}),

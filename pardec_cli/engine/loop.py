@@ -127,7 +127,7 @@ def decode(
             outcome = Outcome(
                 accepted=verdict.accepted, path=verdict.path, top_tokens=top_tokens, features=features,
                 # Alone, a proposer's draft is all of the step's inputs (a combination splits them).
-                step_inputs=tuple(inputs) if top_k else (), step_top_tokens=top_tokens,
+                step_inputs=tuple(inputs) if top_k else (), step_top_tokens=top_tokens, forward_s=perf_counter() - t1,
             )
             tokens = verdict.tokens
             context.extend(tokens)

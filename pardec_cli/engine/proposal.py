@@ -109,6 +109,10 @@ class Outcome:
     the root and at each kept node, root first: the positions whose next token became
     known in this step (the last row produced the target's own next token). Medusa reads
     the last row; EAGLE feeds all of them to its draft layer.
+
+    forward_s: seconds the target's forward over the root and this draft took with the
+    verdict, by the loop's clock; None where no such step was timed for this proposer
+    alone (an idle arm of adaptive decoding, a part of a combination).
     """
 
     accepted: int
@@ -117,6 +121,7 @@ class Outcome:
     step_inputs: tuple[int, ...] = ()
     step_top_tokens: torch.Tensor | None = None
     features: torch.Tensor | None = None
+    forward_s: float | None = None
 
 
 @dataclass(frozen=True)

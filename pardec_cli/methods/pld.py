@@ -13,11 +13,17 @@ own last use of a common n-gram. `prefer=recent` keeps the other rule.
 With `branches` > 1 the draft is a tree: the continuations of up to that many distinct
 earlier occurrences (the preferred ones of the longest n-gram first, then of shorter
 n-grams), merged where they share a prefix, all verified in the one forward.
+
+With `fit` the length of each draft is chosen per step (`LengthFit`): as many tokens, up
+to `num_draft`, as are expected to pay for their verification, from the match's length,
+how often copies after matches of that length held so far in this reply, and what
+verifying rows costs on this machine. A one-token match's copy rarely holds beyond a
+token or two, a three-token match's inside a quoted span for many (docs/auto.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pardec_cli.engine.proposal import EMPTY_DRAFT, Draft, Outcome, StartContext
@@ -83,13 +89,18 @@ class NgramIndex(_PerGeneration):
     def continuation(self, length: int, min_n: int | None = None, prefer: str | None = None) -> list[int]:
         """Up to `length` tokens that followed an earlier match (first or latest) of the
         longest suffix of at least `min_n` tokens (default: the index's own settings)."""
+        return self.match(length, min_n, prefer)[1]
+
+    def match(self, length: int, min_n: int | None = None, prefer: str | None = None) -> tuple[int, list[int]]:
+        """(n, continuation): the length of the longest suffix matched (0: none) and what
+        `continuation` returns."""
         size = len(self.tokens)
         lookup = self._first_end if (prefer or self.prefer) == PREFER_FIRST else self._last_end
         for n in range(min(self.max_n, size), max(self.min_n, min_n or 0) - 1, -1):
             end = lookup.get(tuple(self.tokens[size - n :]))
             if end is not None:
-                return self.tokens[end : end + length]
-        return []
+                return n, self.tokens[end : end + length]
+        return 0, []
 
 
 class MultiNgramIndex(_PerGeneration):
@@ -143,6 +154,91 @@ class MultiNgramIndex(_PerGeneration):
         return found
 
 
+#: Before a reply shows how its copies hold: per length of the match (1, 2, 3 or more
+#: tokens), the chance that a copy's first token is right and that each later one is,
+#: given the ones before it were; worth FIT_PRIOR_WEIGHT of the reply's own copies.
+#: Greedy SmolLM2-135M over pardec's tuning prompts and the Spec-Bench, code-edit and
+#: HumanEval dev prompts `pardec bench` does not report on (docs/auto.md, session 32).
+FIT_PRIOR: dict[int, tuple[float, float]] = {1: (0.2, 0.6), 2: (0.5, 0.7), 3: (0.75, 0.85)}
+FIT_PRIOR_WEIGHT = 10.0
+#: Without a cost curve (a bare MethodEnv: tests, library use): each verified row beyond
+#: the first taken to cost this share of a one-token step.
+GUESSED_ROW_COST = 0.125
+#: The reply's own steps replace the cost curve once this many (discounted by TIME_DECAY a
+#: step) were timed, at sizes that vary: the curve is measured after a 300-token text, and
+#: every row attends to all of the text, so after 2000 tokens 4 rows cost 2x one where they
+#: cost 1.1x after 300 (the Zen 4 EPYC, docs/auto.md).
+TIMED_STEPS = 8.0
+TIME_DECAY = 0.95
+
+
+class LengthFit:
+    """Per step, the length of a copy to draft that gives the most tokens per millisecond.
+
+    Drafting L tokens of a copy made after an n-token match emits 1 + E[tokens kept] for
+    the cost of verifying 1 + L rows, `step_ms(1 + L)`. What is kept is estimated per n and
+    per depth j, as the chance that the j-th copied token is right when the ones before it
+    were: counted over this reply's earlier copies, each scored against the text that came
+    after it whether it was verified or not, on top of `FIT_PRIOR`.
+    """
+
+    def __init__(self, longest: int, step_ms: Callable[[int], float] | None) -> None:
+        self.longest = longest
+        cost = step_ms or (lambda rows: 1.0 + GUESSED_ROW_COST * (rows - 1))
+        self._ms = [float(cost(1 + k)) for k in range(longest + 1)]  # [longest + 1]: a step verifying 1 + k rows
+        self._timed = [0.0] * 5  # discounted sums of 1, x, y, x * x, x * y over timed steps: x drafted rows, y ms
+        # per match length (1, 2, 3+) and depth 1..longest: copies right there, copies scored there
+        self._hits = {n: [0] * (longest + 1) for n in FIT_PRIOR}
+        self._tries = {n: [0] * (longest + 1) for n in FIT_PRIOR}
+        self._pending: list[tuple[int, int, list[int]]] = []  # (position it copies from, match length, copy)
+
+    def choose(self, matched: int, position: int, copy: Sequence[int], limit: int) -> int:
+        """How many tokens of `copy` (after a `matched`-token match, for the text from
+        `position` on) to draft, at most `limit`; 0: a plain step pays more."""
+        n = min(matched, max(FIT_PRIOR))
+        self._pending.append((position, n, list(copy)))
+        first, later = FIT_PRIOR[n]
+        hits, tries = self._hits[n], self._tries[n]
+        best_rate, best, expected, reach = 1.0 / self._ms[0], 0, 0.0, 1.0
+        for j in range(1, min(len(copy), limit, self.longest) + 1):
+            prior = first if j == 1 else later
+            reach *= (prior * FIT_PRIOR_WEIGHT + hits[j]) / (FIT_PRIOR_WEIGHT + tries[j])  # P(first j copied tokens right)
+            expected += reach
+            rate = (1.0 + expected) / self._ms[j]
+            if rate > best_rate:
+                best_rate, best = rate, j
+        return best
+
+    def timed(self, rows: int, seconds: float) -> None:
+        """A step of this reply verified `rows` rows (the root and the draft) in `seconds`."""
+        x, y = rows - 1, seconds * 1000.0
+        self._timed = [TIME_DECAY * total + term for total, term in zip(self._timed, (1.0, x, y, x * x, x * y))]
+        w, sx, sy, sxx, sxy = self._timed
+        spread = sxx / w - (sx / w) ** 2  # the variance of the sizes timed
+        if w < TIMED_STEPS or spread < 0.1:
+            return
+        per_row = max((sxy / w - sx * sy / w**2) / spread, 0.0)  # least squares: ms = base + per_row * x
+        base = sy / w - per_row * sx / w
+        if base > 0:
+            self._ms = [base + per_row * k for k in range(self.longest + 1)]
+
+    def observe(self, context: Sequence[int]) -> None:
+        """Score the copies whose fate `context` (the text so far) now shows."""
+        open_ = []
+        for position, n, copy in self._pending:
+            text = context[position : position + len(copy)]
+            run = 0
+            while run < len(text) and text[run] == copy[run]:
+                run += 1
+            if run == len(text) < len(copy):
+                open_.append((position, n, copy))  # right so far, the rest not written yet
+                continue
+            for j in range(1, min(run + 1, len(copy)) + 1):  # depths reached: up to the first wrong one
+                self._tries[n][j] += 1
+                self._hits[n][j] += j <= run
+        self._pending = open_
+
+
 class PromptLookup(ProposerBase):
     """Chain drafts copied from the context; no model, no extra memory beyond an index."""
 
@@ -151,7 +247,7 @@ class PromptLookup(ProposerBase):
 
     def __init__(
         self, env: MethodEnv, *, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = PREFER_FIRST,
-        branches: int = 1,
+        branches: int = 1, fit: bool = False,
     ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise PardecUsageError(f"pld needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
@@ -161,8 +257,12 @@ class PromptLookup(ProposerBase):
             raise PardecUsageError(f"pld prefer must be {PREFER_FIRST!r} or {PREFER_RECENT!r}, got {prefer!r}")
         if branches < 1:
             raise PardecUsageError(f"pld needs branches >= 1, got {branches}")
+        if fit and branches > 1:
+            raise PardecUsageError("pld fit chooses the length of one copy: it needs branches=1")
         self.max_ngram, self.min_ngram, self.num_draft, self.prefer = max_ngram, min_ngram, num_draft, prefer
-        self.branches = branches
+        self.branches, self.fit = branches, fit
+        self._step_ms = env.step_ms
+        self._length: LengthFit | None = None
         # Shared only where the env says so (adaptive's arms, which see one text: three pld
         # arms indexed every token three times, a fifth of adaptive's own time a step);
         # indexed from one-token n-grams then, as any arm's lookup may want.
@@ -178,12 +278,19 @@ class PromptLookup(ProposerBase):
 
     def start(self, ctx: StartContext) -> None:
         self.index.start(ctx)
+        if self.fit:
+            self._length = LengthFit(self.num_draft, self._step_ms)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         self.index.extend_to(context)
         length = min(self.num_draft, max_tokens)
         if isinstance(self.index, NgramIndex):
-            tokens = self.index.continuation(length, self.min_ngram, self.prefer)
+            if self._length is not None:
+                # the whole copy is scored later, so the fit learns beyond the length it drafts
+                matched, copy = self.index.match(self.num_draft, self.min_ngram, self.prefer)
+                tokens = copy[: self._length.choose(matched, len(context), copy, length)] if copy else []
+            else:
+                tokens = self.index.continuation(length, self.min_ngram, self.prefer)
             return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
         builder = TreeBuilder()
         for continuation in self.index.continuations(length, self.branches, self.min_ngram, self.prefer):
@@ -192,7 +299,11 @@ class PromptLookup(ProposerBase):
 
     def update(self, context: Sequence[int], draft: Draft, outcome: Outcome) -> None:
         self.index.extend_to(context)
+        if self._length is not None:
+            self._length.observe(context)
+            if outcome.forward_s is not None:
+                self._length.timed(1 + len(draft.tokens), outcome.forward_s)
 
     def knobs(self) -> dict[str, Any]:
         return {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "num_draft": self.num_draft, "prefer": self.prefer,
-                "branches": self.branches}
+                "branches": self.branches, "fit": self.fit}

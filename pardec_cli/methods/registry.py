@@ -48,6 +48,10 @@ class MethodSpec:
     # auto's adaptive runs it at its sizes without a plain-decoding arm, which on
     # retrieval text missed the short copy bursts (docs/adaptive.md).
     sure_or_plain: bool = False
+    # A bool knob that, when on, makes the method size each draft itself from the reply's
+    # measured step times, down to none where drafting does not pay (pld's fit): auto runs
+    # such a choice alone, since adaptive's arms and probes only cost it (docs/auto.md).
+    self_sizing: str | None = None
 
 
 _ADAPTIVE_DRAFT = (
@@ -87,9 +91,12 @@ METHODS: dict[str, MethodSpec] = {
                 MethodOption("num_draft", int, 10, "tokens to copy after a match", search=(3, 4, 6, 8, 10, 12, 16, 24)),
                 MethodOption("prefer", str, "first", "which earlier occurrence to copy from: first or recent"),
                 MethodOption("branches", int, 1, "earlier matches to draft from, as a tree (1: a chain)", search=(1, 2, 4)),
+                MethodOption("fit", bool, False, "per step, copy only as many tokens (up to num_draft) as pay for their "
+                             "verification here, judged by the match's length and how this reply's copies held"),
             ),
             combinable=True,
             size_option="num_draft",
+            self_sizing="fit",
         ),
         MethodSpec(
             "draft",
