@@ -327,10 +327,10 @@ class Session:
                         heads_notes=read_marker, step_ms=self._step_ms)
         return create(name, options, env)
 
-    def _step_ms(self, tokens: int) -> float:
-        """Milliseconds of a forward verifying `tokens` tokens here: auto's cost curve
-        (measured once per model, machine and step kind; else estimated)."""
-        return float(self.auto_selector().curve.ms(tokens))
+    def _step_ms(self, tokens: int, context: int) -> float:
+        """Milliseconds of a forward verifying `tokens` tokens after `context` tokens of text
+        here: auto's cost curve (measured once per model, machine and step kind; else estimated)."""
+        return float(self.auto_selector().curve.ms_at(tokens, context))
 
     def build_proposer(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
         """A new proposer for this session's model, without making it the current method."""
@@ -373,7 +373,7 @@ class Session:
         if not learning_enabled():
             return None
         if self._notice is not None:
-            self._notice(f"measuring the cost of verifying n tokens with {self.step_kind} steps (once, about a second)")
+            self._notice(f"measuring the cost of verifying n tokens with {self.step_kind} steps (once, about two seconds)")
         curve = measure_step_curve(self)
         keep_session_curve(self, curve)
         return curve

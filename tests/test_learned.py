@@ -366,6 +366,38 @@ def test_the_step_curve_times_the_small_sizes_most_and_keeps_each_sizes_fastest(
     assert dict(measured.points)[2] == 500.0 and dict(measured.points)[1] == 1000.0
 
 
+def test_the_step_curve_prices_each_row_per_token_of_text_from_a_second_longer_text(tiny_session, monkeypatch) -> None:
+    from pardec_cli.selection.costmodel import CostCurve
+    from pardec_cli.tuning import curve as curves
+
+    def measured(session, context_ids, *, points, repeats):
+        long = len(context_ids) > curves.STEP_CURVE_CONTEXT_TOKENS
+        times = {1: 2.0, 8: 4.4} if long else {1: 1.0, 2: 1.1, 4: 1.2, 8: 2.0, 16: 3.0, 32: 5.0}
+        return CostCurve.from_mapping({n: times[n] for n in points}, "fake")
+
+    monkeypatch.setattr(curves, "measure_curve", measured)
+    monkeypatch.setattr(curves, "plain_context", lambda session, tokens=curves.STEP_CURVE_CONTEXT_TOKENS: [1] * tokens)
+    monkeypatch.setattr(type(tiny_session.target), "max_context", property(lambda self: None))
+    curve = curves.measure_step_curve(tiny_session)
+    # 7 rows cost 2.4 ms more than one after 1500 tokens, 1.0 more after 300: 0.2 ms a row per 1200 tokens
+    assert curve.context_tokens == 300 and abs(curve.row_ms_per_1k - 0.2 / 1.2) < 1e-9
+    assert curve.ms_at(4, 300) == curve.ms(4) == curve.ms_at(4, 100)
+    assert abs(curve.ms_at(4, 2300) - (curve.ms(4) + 4 * 2 * 0.2 / 1.2)) < 1e-9
+
+
+def test_a_curve_keeps_its_price_per_token_of_text_in_learned_json(tmp_path) -> None:
+    from pardec_cli.selection.costmodel import CostCurve
+
+    curve = CostCurve.from_mapping({1: 4.0, 8: 6.0}, "measured")
+    from pardec_cli.selection.learned import read_curve, record_curve
+
+    priced = CostCurve(curve.points, "measured", context_tokens=300, row_ms_per_1k=0.6)
+    record_curve("f", "cpu", "step", priced, path=tmp_path / "learned.json")
+    assert read_curve("f", "cpu", "step", tmp_path / "learned.json") == priced
+    record_curve("f", "cpu", "other", curve, path=tmp_path / "learned.json")
+    assert read_curve("f", "cpu", "other", tmp_path / "learned.json").row_ms_per_1k == 0.0
+
+
 def test_with_learning_off_auto_measures_nothing(tiny_session, monkeypatch) -> None:
     from pardec_cli.session import Session
 

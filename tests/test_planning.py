@@ -79,7 +79,7 @@ def test_auto_plans_carry_the_selectors_choice(session) -> None:
 def test_methods_size_drafts_by_the_cost_curve_auto_ranks_with(session) -> None:
     pld = session.build_proposer("pld", {"fit": True, "num_draft": 4})
     curve = session.auto_selector().curve
-    assert [pld._step_ms(rows) for rows in (1, 3, 5)] == [curve.ms(rows) for rows in (1, 3, 5)]
+    assert [pld._step_ms(rows, 2000) for rows in (1, 3, 5)] == [curve.ms_at(rows, 2000) for rows in (1, 3, 5)]
 
 
 def test_the_session_keeps_one_selector_per_set_of_drafters(session) -> None:

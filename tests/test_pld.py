@@ -103,7 +103,7 @@ def test_one_index_serves_proposers_of_any_shortest_ngram_and_rule_as_their_own_
 
 def per_row(cost: float):
     """A step's time: one, plus `cost` per row verified beyond the first."""
-    return lambda rows: 1.0 + cost * (rows - 1)
+    return lambda rows, context: 1.0 + cost * (rows - 1)
 
 
 def test_fit_drafts_what_the_prior_says_pays_before_the_reply_shows_anything():
@@ -155,20 +155,32 @@ def test_fit_drafts_from_the_env_cost_curve_and_starts_afresh_each_generation():
 
     asked = []
 
-    def step_ms(rows: int) -> float:
-        asked.append(rows)
+    def step_ms(rows: int, context: int) -> float:
+        asked.append((rows, context))
         return 1.0 + 0.05 * (rows - 1)
 
     pld = PromptLookup(MethodEnv(target=None, tokenizer=None, step_ms=step_ms), max_ngram=3, min_ngram=1, num_draft=6, fit=True)
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
     pld.start(StartContext(target=None, prompt_ids=tuple(text), sampling=None, generator=None))
-    assert sorted(asked) == [1, 2, 3, 4, 5, 6, 7], "the cost of every length it may draft, once a generation"
+    assert asked == [(rows, 12) for rows in range(1, 8)], "the cost of every length it may draft, after the prompt"
     draft = pld.propose(text, 16)
     assert draft.tokens == (4, 5, 6, 7, 8, 9)  # a 3-token match on cheap rows: the whole copy
     pld.update([*text, 4, 5, 0], draft, Outcome(accepted=2))
     assert pld._length is not None and pld._length._tries[3][1:4] == [1, 1, 1]
+    pld.propose([*text, 4, 5, 0], 16)
+    assert len(asked) == 7, "priced again only as the text grows by CONTEXT_STEP tokens"
     pld.start(StartContext(target=None, prompt_ids=tuple(text), sampling=None, generator=None))
     assert pld._length._tries[3] == [0] * 7 and pld.knobs()["fit"] is True
+
+
+def test_fit_drafts_less_after_a_long_text_where_each_row_costs_more():
+    def curve(rows: int, context: int) -> float:  # each row 0.05 of a step, plus 0.2 per 1000 tokens of text
+        return 1.0 + 0.05 * (rows - 1) + rows * 0.2 * context / 1000
+
+    copy = list(range(16))
+    short, long = LengthFit(16, curve), LengthFit(16, curve)
+    assert short.choose(2, 100, copy, 16) > long.choose(2, 3000, copy, 16) > 0
+    assert short.choose(1, 100, copy, 16) > 0 == long.choose(1, 3000, copy, 16)
 
 
 def test_fit_prices_rows_by_this_replys_timed_steps_once_it_has_enough_of_them():

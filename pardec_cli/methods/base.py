@@ -23,9 +23,10 @@ class MethodEnv:
     `model_name` names the target in messages. `indexes`, where set, holds the text
     indexes that proposers built from this env share, keyed by what they index
     (adaptive's arms see one text: one suffix trie serves every size of suffix); None:
-    each proposer keeps its own. `step_ms(n)`, where set, is the time in ms of a forward
-    verifying n tokens on this target (the cost curve `--method auto` ranks with, measured
-    on this machine where it could be), for methods that size their drafts by it.
+    each proposer keeps its own. `step_ms(n, context)`, where set, is the time in ms of a
+    forward verifying n tokens after `context` tokens of text on this target (the cost curve
+    `--method auto` ranks with, measured on this machine where it could be), for methods
+    that size their drafts by it.
     """
 
     target: LanguageModel
@@ -35,7 +36,7 @@ class MethodEnv:
     model_name: str = "the model"
     heads_notes: Callable[[Path], Mapping[str, Any]] | None = None
     indexes: dict[Any, Any] | None = None
-    step_ms: Callable[[int], float] | None = None
+    step_ms: Callable[[int, int], float] | None = None
 
 
 class ProposerBase:

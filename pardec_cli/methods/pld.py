@@ -164,37 +164,49 @@ FIT_PRIOR_WEIGHT = 10.0
 #: Without a cost curve (a bare MethodEnv: tests, library use): each verified row beyond
 #: the first taken to cost this share of a one-token step.
 GUESSED_ROW_COST = 0.125
-#: The reply's own steps replace the cost curve once this many (discounted by TIME_DECAY a
-#: step) were timed, at sizes that vary: the curve is measured after a 300-token text, and
-#: every row attends to all of the text, so after 2000 tokens 4 rows cost 2x one where they
-#: cost 1.1x after 300 (the Zen 4 EPYC, docs/auto.md).
+#: The reply's own steps replace the cost curve (priced for the text's length,
+#: `CostCurve.ms_at`) once this many (discounted by TIME_DECAY a step) were timed at sizes
+#: that vary: they see what the curve cannot, the machine's load and caches as they are.
 TIMED_STEPS = 8.0
 TIME_DECAY = 0.95
+#: The cost curve's prices are looked up again each time the text grows by this many tokens.
+CONTEXT_STEP = 64
 
 
 class LengthFit:
     """Per step, the length of a copy to draft that gives the most tokens per millisecond.
 
     Drafting L tokens of a copy made after an n-token match emits 1 + E[tokens kept] for
-    the cost of verifying 1 + L rows, `step_ms(1 + L)`. What is kept is estimated per n and
+    the cost of verifying 1 + L rows after the text so far, `step_ms(1 + L, context)`. What is kept is estimated per n and
     per depth j, as the chance that the j-th copied token is right when the ones before it
     were: counted over this reply's earlier copies, each scored against the text that came
     after it whether it was verified or not, on top of `FIT_PRIOR`.
     """
 
-    def __init__(self, longest: int, step_ms: Callable[[int], float] | None) -> None:
+    def __init__(self, longest: int, step_ms: Callable[[int, int], float] | None, context: int = 0) -> None:
+        """Priced at once for a text of `context` tokens (the prompt): the first lookup of a
+        session's curve may build auto's selector (~50 ms), better before the first token."""
         self.longest = longest
-        cost = step_ms or (lambda rows: 1.0 + GUESSED_ROW_COST * (rows - 1))
-        self._ms = [float(cost(1 + k)) for k in range(longest + 1)]  # [longest + 1]: a step verifying 1 + k rows
+        self._step_ms = step_ms or (lambda rows, context: 1.0 + GUESSED_ROW_COST * (rows - 1))
+        self._ms: list[float] = []  # [longest + 1]: a step verifying 1 + k rows
+        self._priced_at = -1  # the text length (in CONTEXT_STEP tokens) `_ms` is for; -2: the reply's own timings
+        self._price(context)
         self._timed = [0.0] * 5  # discounted sums of 1, x, y, x * x, x * y over timed steps: x drafted rows, y ms
         # per match length (1, 2, 3+) and depth 1..longest: copies right there, copies scored there
         self._hits = {n: [0] * (longest + 1) for n in FIT_PRIOR}
         self._tries = {n: [0] * (longest + 1) for n in FIT_PRIOR}
         self._pending: list[tuple[int, int, list[int]]] = []  # (position it copies from, match length, copy)
 
+    def _price(self, context: int) -> None:
+        """`_ms` by the cost curve after `context` tokens, unless the reply's steps priced it."""
+        if self._priced_at != -2 and self._priced_at != context // CONTEXT_STEP:
+            self._priced_at = context // CONTEXT_STEP
+            self._ms = [float(self._step_ms(1 + k, context)) for k in range(self.longest + 1)]
+
     def choose(self, matched: int, position: int, copy: Sequence[int], limit: int) -> int:
         """How many tokens of `copy` (after a `matched`-token match, for the text from
-        `position` on) to draft, at most `limit`; 0: a plain step pays more."""
+        `position` on: its length) to draft, at most `limit`; 0: a plain step pays more."""
+        self._price(position)
         n = min(matched, max(FIT_PRIOR))
         self._pending.append((position, n, list(copy)))
         first, later = FIT_PRIOR[n]
@@ -221,6 +233,7 @@ class LengthFit:
         base = sy / w - per_row * sx / w
         if base > 0:
             self._ms = [base + per_row * k for k in range(self.longest + 1)]
+            self._priced_at = -2
 
     def observe(self, context: Sequence[int]) -> None:
         """Score the copies whose fate `context` (the text so far) now shows."""
@@ -279,7 +292,7 @@ class PromptLookup(ProposerBase):
     def start(self, ctx: StartContext) -> None:
         self.index.start(ctx)
         if self.fit:
-            self._length = LengthFit(self.num_draft, self._step_ms)
+            self._length = LengthFit(self.num_draft, self._step_ms, len(ctx.prompt_ids))
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         self.index.extend_to(context)

@@ -60,6 +60,12 @@ class CostCurve:
 
     points: tuple[tuple[int, float], ...]
     source: str  # for people: "estimated from ...", "measured by pardec tune on ..."
+    # What each row's forward costs more per 1000 tokens of text beyond `context_tokens`,
+    # the text the points were measured after (every row attends to all of it; 0: not
+    # measured). On the Zen 4 EPYC's native step 4 rows cost 1.1x one after 300 tokens,
+    # 2x after 2000 (docs/auto.md).
+    context_tokens: int = 0
+    row_ms_per_1k: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.points or self.points[0][0] != 1:
@@ -90,6 +96,12 @@ class CostCurve:
         lo, hi = (self.points[-2], self.points[-1]) if i >= len(ns) else (self.points[i - 1], self.points[i])
         slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
         return max(lo[1] + slope * (n - lo[0]), self.points[0][1])
+
+    def ms_at(self, n: float, context: int) -> float:
+        """`ms(n)` for a forward after `context` tokens of text: each of its n rows costs
+        `row_ms_per_1k` more per 1000 tokens beyond the curve's own (never less)."""
+        extra = max(context - self.context_tokens, 0) / 1000 * self.row_ms_per_1k
+        return self.ms(n) + max(float(n), 1.0) * extra
 
     def relative(self, n: float) -> float:
         """Cost of verifying `n` new tokens relative to one: 1.0 at n = 1."""

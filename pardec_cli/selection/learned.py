@@ -37,7 +37,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -257,7 +257,8 @@ SCHEMA = {
     "format": lambda v: None if v == FORMAT else f"must be {FORMAT}, not {v!r}",
     "entries": MapOf(str, {"updated": float, "rows": [_row]}),
     # Verification cost curves measured here, by "fingerprint|hardware|step kind".
-    "curves": Optional(MapOf(str, {"updated": float, "source": str, "ms": MapOf(str, float)})),
+    "curves": Optional(MapOf(str, {"updated": float, "source": str, "ms": MapOf(str, float),
+                                   "context_tokens": Optional(int), "row_ms_per_1k": Optional(float)})),
     "note": Optional(str),
 }  # fmt: skip
 NOTE = "what pardec learned from generations on this machine (learn = false stops it)"
@@ -368,9 +369,10 @@ def generation_rows(label: str, stream: Any) -> list[tuple[str, Row]]:
 #: timings of the small sizes, `tuning.curve.STEP_CURVE_REPEATS`; 7: the AVX2 library's
 #: 512-bit q4q8 kernel in its VNNI build; 8: its int8 head on codes packed 16 outputs to a
 #: register, `quant.pack_head`; 9: the native step's per-row work on every core, and
-#: attention's queries shared out evenly; 10: q4q8 records prefetched into L2): curves
-#: measured before are measured again.
-CURVE_VERSION = 10
+#: attention's queries shared out evenly; 10: q4q8 records prefetched into L2; 11: what
+#: each row costs per 1000 tokens of text, `CostCurve.row_ms_per_1k`): curves measured
+#: before are measured again.
+CURVE_VERSION = 11
 
 
 def _curve_key(fingerprint: str, hardware: str, step: str) -> str:
@@ -382,9 +384,11 @@ def _curve(curves: Mapping[str, Any], key: str) -> CostCurve | None:
     if not found:
         return None
     try:
-        return CostCurve.from_mapping({int(n): ms for n, ms in found["ms"].items()}, found["source"])
+        curve = CostCurve.from_mapping({int(n): ms for n, ms in found["ms"].items()}, found["source"])
     except ValueError:  # a hand-edited curve without its n=1 point: measured again
         return None
+    return replace(curve, context_tokens=int(found.get("context_tokens") or 0),
+                   row_ms_per_1k=max(float(found.get("row_ms_per_1k") or 0.0), 0.0))
 
 
 def read_curve(fingerprint: str, hardware: str, step: str, path: Path | None = None) -> CostCurve | None:
@@ -401,6 +405,7 @@ def record_curve(fingerprint: str, hardware: str, step: str, curve: CostCurve, *
         curves = dict((current or {}).get("curves") or {})
         curves[_curve_key(fingerprint, hardware, step)] = {
             "updated": time.time(), "source": curve.source, "ms": {str(n): round(ms, 3) for n, ms in curve.points},
+            "context_tokens": curve.context_tokens, "row_ms_per_1k": round(curve.row_ms_per_1k, 4),
         }  # fmt: skip
         return {"entries": {}, **(current or {}), "format": FORMAT, "note": NOTE, "curves": _most_recent(curves)}
 

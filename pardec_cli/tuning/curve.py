@@ -79,9 +79,27 @@ def plain_context(session: Any, tokens: int = STEP_CURVE_CONTEXT_TOKENS) -> list
 STEP_CURVE_REPEATS: dict[int, int] = {1: 8, 2: 8, 4: 8, 8: 3, 16: 2, 32: 2}
 
 
+#: The longer text after which `measure_step_curve` times 1 and `STEP_CURVE_LONG_ROWS`
+#: rows again, for what each row costs per token of text (`CostCurve.row_ms_per_1k`).
+STEP_CURVE_LONG_CONTEXT_TOKENS = 1500
+STEP_CURVE_LONG_ROWS = 8
+
+
 def measure_step_curve(session: Any, *, repeats: int | Mapping[int, int] = STEP_CURVE_REPEATS) -> CostCurve:
     """The cost curve of `session`'s own steps (its runner, dtype and weights), measured in
-    about a second: for `--method auto` where `pardec tune` never ran (`Session.auto_selector`)."""
+    about two seconds: for `--method auto` where `pardec tune` never ran (`Session.auto_selector`).
+    Besides the curve after `STEP_CURVE_CONTEXT_TOKENS` tokens, 1 and 8 rows after
+    `STEP_CURVE_LONG_CONTEXT_TOKENS` (where the model's context holds them): the rows'
+    extra cost there over the 7 rows' extra cost at the curve, per row and 1000 tokens."""
     curve = measure_curve(session, plain_context(session), points=STEP_CURVE_POINTS, repeats=repeats)
     day = time.strftime("%Y-%m-%d")
-    return CostCurve(curve.points, f"measured on {day} by the first auto run of these {session.step_kind} steps")
+    per_1k = 0.0
+    limit = session.target.max_context
+    long_tokens = STEP_CURVE_LONG_CONTEXT_TOKENS
+    if limit is None or long_tokens + STEP_CURVE_LONG_ROWS < limit:
+        rows = STEP_CURVE_LONG_ROWS
+        long = measure_curve(session, plain_context(session, long_tokens), points=(1, rows), repeats=3)
+        grown = (long.ms(rows) - long.ms(1)) - (curve.ms(rows) - curve.ms(1))
+        per_1k = max(grown / (rows - 1), 0.0) / ((long_tokens - STEP_CURVE_CONTEXT_TOKENS) / 1000)
+    return CostCurve(curve.points, f"measured on {day} by the first auto run of these {session.step_kind} steps",
+                     context_tokens=STEP_CURVE_CONTEXT_TOKENS, row_ms_per_1k=per_1k)
