@@ -77,6 +77,14 @@ def test_prompt_lookup_becomes_ngram_with_its_window_and_draft_length():
     assert t.notes == ()
 
 
+def test_prompt_lookup_sized_per_step_is_pardec_s_own():
+    # auto's choice on a CPU profile: vLLM drafts the whole num_draft, and says so
+    t = translate("pld", knobs("pld", fit="true", num_draft="16"))
+    assert t.speculative_config["num_speculative_tokens"] == 16 and "fit=True is not carried over" in t.notes[0]
+    with pytest.raises(PardecUsageError, match="fit=True"):
+        translate("pld", knobs("pld", fit="true"), user_set={"fit"})
+
+
 def test_prompt_lookup_knobs_given_by_the_user_are_carried():
     t = translate("pld", knobs("pld", num_draft="6", max_ngram="4", min_ngram="2"),
                   user_set={"num_draft", "max_ngram", "min_ngram"})

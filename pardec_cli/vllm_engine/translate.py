@@ -105,6 +105,7 @@ TABLE: dict[str, Row] = {
             Carry("min_ngram", "prompt_lookup_min"),
             NoCounterpart("prefer", "copies after the earliest occurrence of the longest match", ("first",)),
             NoCounterpart("branches", "drafts one chain from one match", (1,)),
+            NoCounterpart("fit", "drafts num_speculative_tokens after every match, whatever it costs", (False,)),
         ),
         summary="ngram (prompt lookup)",
     ),
