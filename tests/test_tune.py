@@ -108,6 +108,13 @@ def test_neighbours_move_one_knob_one_step() -> None:
                       "recycling[depth=3,nodes=16]", "recycling[depth=5,nodes=16]"}
 
 
+def test_neighbours_skip_settings_the_method_rejects() -> None:
+    # pld's fit sizes one copy: branches=2 beside it is a usage error, not a setting to time
+    labels = {c.label for c in neighbours(normalize("pld", {"num_draft": 16, "fit": True}))}
+    assert labels == {"pld[fit=true,num_draft=12]", "pld[fit=true,num_draft=24]"}
+    assert "pld[branches=2,num_draft=16]" in {c.label for c in neighbours(normalize("pld", {"num_draft": 16}))}
+
+
 def test_the_pool_seeds_with_the_profiles_candidates_that_can_run_here() -> None:
     profile = Profile("t", "", {}, {"default": (
         Candidate("pld", {"num_draft": 8}, 2.0), Candidate("draft", {}, 3.0), Candidate("eagle", {}, 3.0),

@@ -262,16 +262,8 @@ class PromptLookup(ProposerBase):
         self, env: MethodEnv, *, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = PREFER_FIRST,
         branches: int = 1, fit: bool = False,
     ) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise PardecUsageError(f"pld needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
-        if num_draft < 1:
-            raise PardecUsageError(f"pld needs num_draft >= 1, got {num_draft}")
-        if prefer not in (PREFER_FIRST, PREFER_RECENT):
-            raise PardecUsageError(f"pld prefer must be {PREFER_FIRST!r} or {PREFER_RECENT!r}, got {prefer!r}")
-        if branches < 1:
-            raise PardecUsageError(f"pld needs branches >= 1, got {branches}")
-        if fit and branches > 1:
-            raise PardecUsageError("pld fit chooses the length of one copy: it needs branches=1")
+        self.check_knobs(max_ngram=max_ngram, min_ngram=min_ngram, num_draft=num_draft, prefer=prefer, branches=branches,
+                         fit=fit)
         self.max_ngram, self.min_ngram, self.num_draft, self.prefer = max_ngram, min_ngram, num_draft, prefer
         self.branches, self.fit = branches, fit
         self._step_ms = env.step_ms
@@ -283,6 +275,21 @@ class PromptLookup(ProposerBase):
             self.index = self._new_index(min_ngram)
         else:
             self.index = env.indexes.setdefault(("pld", max_ngram, branches), self._new_index(1))
+
+    @staticmethod
+    def check_knobs(*, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = PREFER_FIRST, branches: int = 1,
+                    fit: bool = False) -> None:
+        """Raise PardecUsageError for knobs that make no prompt lookup (`registry.check_knobs`)."""
+        if not 1 <= min_ngram <= max_ngram:
+            raise PardecUsageError(f"pld needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        if num_draft < 1:
+            raise PardecUsageError(f"pld needs num_draft >= 1, got {num_draft}")
+        if prefer not in (PREFER_FIRST, PREFER_RECENT):
+            raise PardecUsageError(f"pld prefer must be {PREFER_FIRST!r} or {PREFER_RECENT!r}, got {prefer!r}")
+        if branches < 1:
+            raise PardecUsageError(f"pld needs branches >= 1, got {branches}")
+        if fit and branches > 1:
+            raise PardecUsageError("pld fit chooses the length of one copy: it needs branches=1")
 
     def _new_index(self, min_n: int) -> NgramIndex | MultiNgramIndex:
         if self.branches == 1:

@@ -268,6 +268,19 @@ def _implementation(spec: MethodSpec) -> Any:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+def check_knobs(name: str, options: Mapping[str, Any]) -> None:
+    """Raise PardecUsageError where `options` are no setting of method `name` (each knob's
+    type, and what the method's class checks without building itself: its `check_knobs`,
+    where it has one, for knobs that exclude each other), so a tuner can skip such a setting."""
+    spec = get_spec(name)
+    if "+" in name:
+        return
+    values = resolve_options(name, spec.options, options)
+    check = getattr(_implementation(spec), "check_knobs", None)
+    if check is not None:
+        check(**values)
+
+
 def dry_runs(name: str) -> bool:
     """Whether method `name` (a `+` combination: every part) can be dry-run while idle
     in adaptive decoding (`Proposer.dry_runs`), so that an extra arm of it costs little."""

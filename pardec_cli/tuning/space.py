@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pardec_cli.errors import PardecUsageError
 from pardec_cli.hardware import Hardware
 from pardec_cli.methods.options import MethodOption
-from pardec_cli.methods.registry import METHODS, MethodSpec, get_spec
+from pardec_cli.methods.registry import METHODS, MethodSpec, check_knobs, get_spec
 from pardec_cli.selection.profiles import Profile, canonical_knobs, method_label
 from pardec_cli.store.accelerators import InstalledAccelerator
 
@@ -51,13 +52,19 @@ def normalize(method: str, knobs: Mapping[str, Any]) -> TuneCandidate:
 
 
 def neighbours(candidate: TuneCandidate) -> list[TuneCandidate]:
-    """One knob moved one step along its search values, for every searchable knob."""
+    """One knob moved one step along its search values, for every searchable knob (not
+    to a setting the method rejects: pld's fit with branches)."""
     spec = get_spec(candidate.method)
     current = {o.name: o.default for o in spec.options} | candidate.knob_dict
     found = []
     for option in spec.options:
         for value in _adjacent(option, current[option.name]):
-            found.append(normalize(candidate.method, {**candidate.knob_dict, option.name: value}))
+            knobs = {**candidate.knob_dict, option.name: value}
+            try:
+                check_knobs(candidate.method, knobs)
+            except PardecUsageError:
+                continue
+            found.append(normalize(candidate.method, knobs))
     return found
 
 
