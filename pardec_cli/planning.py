@@ -179,8 +179,8 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
                                "repeats it (switching depends on measured time; -O adapt=on switches anyway)"]
     if not adapt:
         return method, knobs, []
-    sizing = get_spec(method).self_sizing if "+" not in method else None
-    if sizing and "adapt" not in options and resolve_options(method, get_spec(method).options, knobs)[sizing]:
+    spec = get_spec(method)  # a `+` combination's has no self-sizing knob
+    if spec.self_sizing and "adapt" not in options and resolve_options(method, spec.options, knobs)[spec.self_sizing]:
         return method, knobs, [f"adapt     {arm_label(method, knobs)} sizes each draft itself by measured step times, down "
                                "to none where drafting does not pay: no arms to switch among (-O adapt=on adds them)"]
     # A choice expected to gain less than the margin an arm must win by to take over

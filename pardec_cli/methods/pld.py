@@ -177,10 +177,11 @@ class LengthFit:
     """Per step, the length of a copy to draft that gives the most tokens per millisecond.
 
     Drafting L tokens of a copy made after an n-token match emits 1 + E[tokens kept] for
-    the cost of verifying 1 + L rows after the text so far, `step_ms(1 + L, context)`. What is kept is estimated per n and
-    per depth j, as the chance that the j-th copied token is right when the ones before it
-    were: counted over this reply's earlier copies, each scored against the text that came
-    after it whether it was verified or not, on top of `FIT_PRIOR`.
+    the cost of verifying 1 + L rows after the text so far, `step_ms(1 + L, context)`.
+    What is kept is estimated per n and per depth j, as the chance that the j-th copied
+    token is right when the ones before it were: counted over this reply's earlier copies,
+    each scored against the text that came after it whether it was verified or not, on top
+    of `FIT_PRIOR`.
     """
 
     def __init__(self, longest: int, step_ms: Callable[[int, int], float] | None, context: int = 0) -> None:
@@ -189,7 +190,8 @@ class LengthFit:
         self.longest = longest
         self._step_ms = step_ms or (lambda rows, context: 1.0 + GUESSED_ROW_COST * (rows - 1))
         self._ms: list[float] = []  # [longest + 1]: a step verifying 1 + k rows
-        self._priced_at = -1  # the text length (in CONTEXT_STEP tokens) `_ms` is for; -2: the reply's own timings
+        self._priced_at = -1  # the text length (in CONTEXT_STEP tokens) the curve priced `_ms` for
+        self._by_timings = False  # `_ms` from the reply's own timed steps, no longer from the curve
         self._price(context)
         self._timed = [0.0] * 5  # discounted sums of 1, x, y, x * x, x * y over timed steps: x drafted rows, y ms
         # per match length (1, 2, 3+) and depth 1..longest: copies right there, copies scored there
@@ -199,7 +201,7 @@ class LengthFit:
 
     def _price(self, context: int) -> None:
         """`_ms` by the cost curve after `context` tokens, unless the reply's steps priced it."""
-        if self._priced_at != -2 and self._priced_at != context // CONTEXT_STEP:
+        if not self._by_timings and self._priced_at != context // CONTEXT_STEP:
             self._priced_at = context // CONTEXT_STEP
             self._ms = [float(self._step_ms(1 + k, context)) for k in range(self.longest + 1)]
 
@@ -233,7 +235,7 @@ class LengthFit:
         base = sy / w - per_row * sx / w
         if base > 0:
             self._ms = [base + per_row * k for k in range(self.longest + 1)]
-            self._priced_at = -2
+            self._by_timings = True
 
     def observe(self, context: Sequence[int]) -> None:
         """Score the copies whose fate `context` (the text so far) now shows."""

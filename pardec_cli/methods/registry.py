@@ -273,8 +273,6 @@ def check_knobs(name: str, options: Mapping[str, Any]) -> None:
     type, and what the method's class checks without building itself: its `check_knobs`,
     where it has one, for knobs that exclude each other), so a tuner can skip such a setting."""
     spec = get_spec(name)
-    if "+" in name:
-        return
     values = resolve_options(name, spec.options, options)
     check = getattr(_implementation(spec), "check_knobs", None)
     if check is not None:
