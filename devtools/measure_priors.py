@@ -4,10 +4,12 @@ For every profile's built-in tuning prompts and every method configuration below
 greedy generation on one model and reports, per step: tokens emitted, drafted tokens
 verified, drafting time (ms) and drafting time in one-token forwards. Greedy token
 counts do not depend on the hardware, only on the model and the prompts, so these are
-the priors profiles ship with; `pardec tune` measures the same things on a user's own
-machine and model.
+the priors profiles ship with (except for methods that size their drafts by the step's
+cost, such as `pld[fit=true]`: measure those on the runner auto uses, the default here);
+`pardec tune` measures the same things on a user's own machine and model.
 
     python -m devtools.measure_priors [-m MODEL] [--per-profile 8] [-n 96] [--json out.json]
+    python -m devtools.measure_priors --candidates cpu   # each profile's candidates for a class
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ CONFIGS = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", default=None)
-    parser.add_argument("--dtype", default="float32")
+    # auto: what `pardec gen` loads (on a CPU, the native 4-bit step where its kernels are built)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--weights", default="auto")
+    parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
+    parser.add_argument("--candidates", default="", metavar="GROUP",
+                        help="measure each profile's candidates for this hardware group (cpu, gpu, ...) instead of the list above")
     parser.add_argument("--per-profile", type=int, default=8)
     parser.add_argument("-n", "--max-tokens", type=int, default=96)
     parser.add_argument("--only", default="", help="comma-separated method names to keep")
@@ -48,19 +55,30 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    from pardec_cli.selection.profiles import method_label
+    from pardec_cli.errors import PardecError
+    from pardec_cli.selection.profiles import get_profile, method_label
     from pardec_cli.session import Session
     from pardec_cli.tuning.prompts import builtin_prompts
 
-    session = Session.load(args.model, dtype=args.dtype, device="cpu")
-    configs = [c for c in CONFIGS if not args.only or c[0] in args.only.split(",")]
+    session = Session.load(args.model, dtype=args.dtype, device="cpu", weights=args.weights, compile=args.compile)
+    print(f"step: {session.step_kind}", file=sys.stderr)
     results = {}
     for profile in args.profiles.split(","):
+        if args.candidates:
+            listed = get_profile(profile).candidates.get(args.candidates, ())
+            every_config = [("vanilla", {})] + [(c.method, dict(c.knobs)) for c in listed]
+        else:
+            every_config = CONFIGS
+        configs = [c for c in every_config if not args.only or c[0] in args.only.split(",")]
         every = builtin_prompts(profile)
         prompts = every[:: max(len(every) // args.per_profile, 1)][: args.per_profile]  # spread over the set
         encoded = [session.encode(p.text) for p in prompts]
         for name, knobs in configs:
-            proposer = session.build_proposer(name, knobs)
+            try:
+                proposer = session.build_proposer(name, knobs)
+            except PardecError as exc:  # an accelerator this model lacks (drafter, heads)
+                print(f"{profile:<10} {method_label(name, knobs):<70} skipped: {exc}", file=sys.stderr, flush=True)
+                continue
             steps = tokens = drafted = 0
             propose = verify = 0.0
             start = time.perf_counter()

@@ -8,13 +8,14 @@ In-process, on a tiny random Llama with a word-level tokenizer (no model downloa
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from pardec_cli.engine.sampling_params import SamplingParams
 from pardec_cli.planning import ALL_SETTINGS, AUTO, Planner, Settings, plan_reply
-from pardec_cli.selection.profiles import load_profiles
+from pardec_cli.selection.profiles import Candidate, Profile, load_profiles
 from tests.tiny_models import WORDS, peaked, tiny_llama, word_level_tokenizer
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pardec_cli"
@@ -59,21 +60,43 @@ def test_a_named_method_is_planned_as_given_and_labelled_with_its_knobs() -> Non
         "pld", {"num_draft": 4}, "chat", "pld[num_draft=4]", None)
 
 
-def test_auto_plans_carry_the_selectors_choice(session) -> None:
-    plan = plan_reply(CODE_PROMPT, method=AUTO, options={}, profile=AUTO, settings=greedy(),
-                      user_set=ALL_SETTINGS, profiles=load_profiles(), selector=session.auto_selector())
+def candidates_only(name: str, *candidates: Candidate) -> dict[str, Profile]:
+    """The built-in profiles with `name`'s candidates, on any hardware, replaced."""
+    profiles = load_profiles()
+    return {**profiles, name: replace(profiles[name], candidates={"default": candidates})}
+
+
+FIT = Candidate("pld", {"num_draft": 16, "fit": True}, tokens_per_step=2.0, drafted=2.0)
+SUFFIX = Candidate("suffix", {"max_nodes": 8}, tokens_per_step=1.5, drafted=2.0)
+
+
+def plan_auto(session, profiles: dict[str, Profile], options: dict[str, str]):
+    from pardec_cli.selection.selector import AutoSelector
+
+    return plan_reply(CODE_PROMPT, method=AUTO, options=options, profile=AUTO, settings=greedy(), user_set=ALL_SETTINGS,
+                      profiles=profiles, selector=AutoSelector.for_session(session, profiles=profiles))
+
+
+def test_auto_runs_a_choice_that_sizes_its_own_drafts_alone(session) -> None:
+    profiles = candidates_only("code", FIT, SUFFIX)
+    plan = plan_auto(session, profiles, {})
     assert plan.profile == "code"  # detected from the prompt
     assert plan.choice is not None
-    # On a CPU its choice for code sizes its own drafts (pld's fit): it runs alone, as chosen.
     assert (plan.method, plan.knobs) == (plan.choice.method, dict(plan.choice.knobs)) == ("pld", {"num_draft": 16, "fit": True})
     # Adaptively where asked: the choice is the first arm.
-    adaptive = plan_reply(CODE_PROMPT, method=AUTO, options={"adapt": "on"}, profile=AUTO, settings=greedy(),
-                          user_set=ALL_SETTINGS, profiles=load_profiles(), selector=session.auto_selector())
+    adaptive = plan_auto(session, profiles, {"adapt": "on"})
     assert adaptive.method == "adaptive" and adaptive.knobs["arms"].startswith(adaptive.choice.label)
-    fixed = plan_reply(CODE_PROMPT, method=AUTO, options={"adapt": "off"}, profile=AUTO, settings=greedy(),
-                       user_set=ALL_SETTINGS, profiles=load_profiles(), selector=session.auto_selector())
+
+
+def test_auto_switches_among_sizes_of_a_fixed_length_choice_unless_told_not_to(session) -> None:
+    suffix_first = replace(SUFFIX, tokens_per_step=3.0)
+    profiles = candidates_only("code", suffix_first, FIT)
+    plan = plan_auto(session, profiles, {})
+    assert plan.choice is not None and plan.choice.label == "suffix[max_nodes=8]"
+    assert plan.method == "adaptive" and plan.knobs["arms"].startswith("suffix[max_nodes=8]")
+    fixed = plan_auto(session, profiles, {"adapt": "off"})
     assert fixed.label == fixed.choice.label
-    assert (fixed.method, fixed.knobs) == (fixed.choice.method, dict(fixed.choice.knobs))
+    assert (fixed.method, fixed.knobs) == (fixed.choice.method, dict(fixed.choice.knobs)) == ("suffix", {"max_nodes": 8})
 
 
 def test_methods_size_drafts_by_the_cost_curve_auto_ranks_with(session) -> None:
