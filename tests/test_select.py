@@ -57,6 +57,30 @@ def test_the_expected_speedup_is_tokens_per_step_over_the_relative_step_cost() -
     assert choice.estimate.step_cost == pytest.approx(1.6)
 
 
+def test_after_a_long_prompt_every_drafted_row_costs_more_so_narrow_drafts_win() -> None:
+    # After 300 tokens 8 rows cost 1.5x one; each row costs 1 ms more per 1000 tokens beyond.
+    priced = dataclasses.replace(curve(n1=10.0, n8=15.0, n64=60.0), context_tokens=300, row_ms_per_1k=1.0)
+    few = Candidate("pld", {"num_draft": 2}, tokens_per_step=1.8, drafted=1.0)
+    many = Candidate("suffix", {"max_nodes": 8}, tokens_per_step=2.6, drafted=7.0)
+    short = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(few, many), curve=priced, context=200)
+    long = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(few, many), curve=priced, context=4300)
+    assert (short.method, long.method) == ("suffix", "pld")
+    # 4 ms more per row after 4300 tokens: 8 rows 15 + 32 ms against one row's 14
+    assert next(e for e in long.ranking if e.method == "suffix").step_cost == pytest.approx((15.0 + 8 * 4.0) / 14.0)
+    assert "context   priors priced after this prompt's 4300 tokens" in long.explain()
+    assert "context" not in short.explain()
+
+
+def test_the_selector_prices_priors_for_the_prompt_it_chooses_for() -> None:
+    priced = dataclasses.replace(curve(n1=10.0, n8=15.0, n64=60.0), context_tokens=300, row_ms_per_1k=1.0)
+    info = ModelInfo("smollm2-135m", SMOLLM2, "sha256:test")
+    chooser = AutoSelector(THIS_CPU, info, profiles={"test": profile(NARROW)}, learned_curve=priced,
+                           count_tokens=lambda text: len(text.split()))
+    short, long = chooser.choose("word " * 10, "test"), chooser.choose("word " * 3000, "test")
+    assert (short.context, long.context) == (10, 3000)
+    assert long.estimate.speedup < short.estimate.speedup
+
+
 def test_plain_decoding_wins_when_nothing_is_expected_to_beat_it() -> None:
     c = curve(n1=10.0, n8=40.0)  # verifying costs dearly
     choice = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(NARROW), curve=c)

@@ -34,7 +34,7 @@ its inputs for a loaded session once and answers `choose(prompt, profile)` per p
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,6 +120,7 @@ class Choice:
     notes: tuple[str, ...] = ()  # e.g. tuned results that do not apply here
     discount: float = 1.0  # what priors were multiplied by (how wrong they have been here)
     discount_basis: str = ""  # why, for people
+    context: int = 0  # the prompt's tokens the priors were priced after (0: the curve's own text)
 
     @property
     def measured(self) -> tuple[Estimate, ...]:
@@ -141,6 +142,11 @@ class Choice:
             f"hardware  {hw.hw_class}: {hw.name}, {hw.dtype}",
             f"cost      verifying n tokens costs {self.curve.describe()} one ({self.curve.source})",
         ]
+        curve = self.curve
+        if self.context > curve.context_tokens and curve.row_ms_per_1k > 0:
+            lines.append(f"context   priors priced after this prompt's {self.context} tokens: every verified row "
+                         f"costs {curve.row_ms_per_1k:.2f} ms more per 1000 tokens of text beyond "
+                         f"{curve.context_tokens} (8 tokens {curve.ms_at(8, self.context) / curve.ms_at(1, self.context):.1f}x one here)")
         if est.basis == "baseline":
             why = "measured" if self.measured else "expected"
             lines.append(f"expect    no candidate is {why} to beat plain decoding here")
@@ -169,11 +175,12 @@ class Choice:
 # ------------------------------------------------------------------ the model
 
 
-def step_cost_ms(candidate: Candidate, curve: CostCurve, accelerator_ms: float) -> float:
-    """Expected time of one decoding step of `candidate`, in milliseconds."""
+def step_cost_ms(candidate: Candidate, curve: CostCurve, accelerator_ms: float, context: int = 0) -> float:
+    """Expected time of one decoding step of `candidate`, in milliseconds, after `context`
+    tokens of text (0: the text the curve was measured after)."""
     return (
-        curve.ms(1 + candidate.drafted)
-        + candidate.draft_forwards * curve.base_ms
+        curve.ms_at(1 + candidate.drafted, context)
+        + candidate.draft_forwards * curve.ms_at(1, context)
         + candidate.draft_calls * accelerator_ms
         + candidate.draft_ms
     )
@@ -198,6 +205,7 @@ def select(
     curve: CostCurve | None = None,
     methods: Mapping[str, MethodSpec] | None = None,
     missing: str = "not a method of this pardec version",
+    context: int = 0,
 ) -> Choice:
     """Choose a method for `profile` on `hardware` (pure: everything comes in as arguments).
 
@@ -206,7 +214,8 @@ def select(
     `measured` any others (use), which rank above every prior; `discount` multiplies
     the priors' speed-ups (`prior_discount`); `methods` the method registry (default:
     pardec's), or the part of it an engine runs (`--engine vllm`), with `missing`
-    saying why the others are skipped.
+    saying why the others are skipped; `context` the prompt's length in tokens, which
+    prices the priors' verified rows (each attends to the whole text: `CostCurve.ms_at`).
     """
     if methods is None:
         from pardec_cli.methods.registry import METHODS
@@ -222,7 +231,7 @@ def select(
     priors = [replace(e, speedup=e.speedup * discount, prior=e.speedup)
               for e in prior_estimates(hardware=hardware, model=model, profile=profile, greedy=greedy,
                                        accelerators=accelerators, curve=curve, methods=methods, missing=missing,
-                                       skipped=skipped)
+                                       skipped=skipped, context=context)
               if _canonical(e.method, e.knobs) not in measured_labels]
     # Best first; on equal speed-up the earlier candidate (profile order) stays first.
     # While anything is measured here, the measured (and plain decoding) rank above
@@ -234,7 +243,7 @@ def select(
         ranking = tuple(sorted([baseline, *priors], key=lambda e: -round(e.speedup, 6)))
     best = ranking[0]
     return Choice(best.method, dict(best.knobs), profile.name, best, ranking, tuple(dict.fromkeys(skipped)), curve,
-                  hardware, discount=discount, discount_basis=discount_basis)
+                  hardware, discount=discount, discount_basis=discount_basis, context=context)
 
 
 def prior_estimates(
@@ -248,9 +257,11 @@ def prior_estimates(
     methods: Mapping[str, MethodSpec],
     missing: str = "not a method of this pardec version",
     skipped: list[tuple[str, str]] | None = None,
+    context: int = 0,
 ) -> list[Estimate]:
-    """The profile's candidates for `hardware` as the cost model expects them (basis "prior"),
-    labelled canonically; the ones that cannot run here go to `skipped` with a reason."""
+    """The profile's candidates for `hardware` as the cost model expects them (basis "prior")
+    after `context` tokens of text, labelled canonically; the ones that cannot run here go
+    to `skipped` with a reason."""
     skipped = skipped if skipped is not None else []
     estimates = []
     for candidate in profile.candidates_for(hardware):
@@ -272,10 +283,10 @@ def prior_estimates(
                 tokens = measured if greedy else sampled_tokens(measured)
             else:
                 tokens = candidate.tokens_per_step if greedy else sampled_tokens(candidate.tokens_per_step, candidate.sampled_tokens_per_step)
-            step_ms = step_cost_ms(candidate, curve, accelerator_ms)
-            speedup = tokens * curve.base_ms / step_ms
-            estimates.append(Estimate(candidate.method, knobs, speedup, tokens,
-                                      step_ms / curve.base_ms, "prior", ref))
+            step_ms = step_cost_ms(candidate, curve, accelerator_ms, context)
+            base_ms = curve.ms_at(1, context)
+            estimates.append(Estimate(candidate.method, knobs, tokens * base_ms / step_ms, tokens,
+                                      step_ms / base_ms, "prior", ref))
     return estimates
 
 
@@ -425,6 +436,7 @@ class AutoSelector:
         methods: Mapping[str, MethodSpec] | None = None,
         missing: str = "not a method of this pardec version",
         learned_curve: CostCurve | None = None,
+        count_tokens: Callable[[str], int] | None = None,
     ) -> None:
         self.hardware = hardware
         self.model = model
@@ -439,6 +451,9 @@ class AutoSelector:
         # The methods auto may choose (None: every registered one), and why the others
         # are skipped: `--engine vllm` passes the part of the registry vLLM runs.
         self.methods, self.missing = methods, missing
+        #: A prompt's length in tokens, to price the priors for it (None: priced for the
+        #: text the curve was measured after).
+        self.count_tokens = count_tokens
         self._discount: tuple[float, str] | None = None
 
     @classmethod
@@ -465,8 +480,8 @@ class AutoSelector:
         notes = unusable_results(info.name, info.fingerprint, hardware.key, hardware.dtype)
         usage = read_usage(info.fingerprint, hardware.key, session.step_kind) if learning_enabled() else None
         return cls(hardware, info, profiles=load_profiles() if profiles is None else profiles, accelerators=accelerators,
-                   tuned=tuned, usage=usage,
-                   notes=notes, learned_curve=usage.curve if usage is not None else None)
+                   tuned=tuned, usage=usage, notes=notes, learned_curve=usage.curve if usage is not None else None,
+                   count_tokens=lambda text: len(session.tokenizer.encode(text)))
 
     def learn(self, profile: str, label: str, row: Any) -> None:
         """A row this session's generation just recorded (`selection.learned.UsageRecorder`):
@@ -554,6 +569,7 @@ class AutoSelector:
 
             raise PardecUsageError(f"unknown profile {profile!r}; choose from: auto, {', '.join(self.profiles)}")
         factor, why = self.discount()
+        context = self.count_tokens(prompt) if prompt and self.count_tokens is not None else 0
         choice = select(
             hardware=self.hardware,
             model=self.model.shape,
@@ -566,6 +582,7 @@ class AutoSelector:
             curve=self.measured_curve,
             methods=self.methods,
             missing=self.missing,
+            context=context,
         )
         return replace(choice, task=task, notes=self.notes)
 
