@@ -170,7 +170,7 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
     """
     from pardec_cli.methods.adaptive import ARM_SEPARATOR, arm_label, challenger_arm, sibling_arms, size_free
     from pardec_cli.methods.options import resolve_options
-    from pardec_cli.methods.registry import AUTO_OPTIONS, dry_runs, get_spec
+    from pardec_cli.methods.registry import AUTO_OPTIONS, dry_runs, get_spec, sizes_itself
 
     method, knobs = choice.method, dict(choice.knobs)
     adapt = resolve_options(AUTO, AUTO_OPTIONS, options)["adapt"]
@@ -179,8 +179,7 @@ def auto_method(choice: Any, options: Mapping[str, Any], *, repeatable: bool = F
                                "repeats it (switching depends on measured time; -O adapt=on switches anyway)"]
     if not adapt:
         return method, knobs, []
-    spec = get_spec(method)  # a `+` combination's has no self-sizing knob
-    if spec.self_sizing and "adapt" not in options and resolve_options(method, spec.options, knobs)[spec.self_sizing]:
+    if "adapt" not in options and sizes_itself(method, knobs):
         return method, knobs, [f"adapt     {arm_label(method, knobs)} sizes each draft itself by measured step times, down "
                                "to none where drafting does not pay: no arms to switch among (-O adapt=on adds them)"]
     # A choice expected to gain less than the margin an arm must win by to take over

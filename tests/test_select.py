@@ -71,6 +71,21 @@ def test_after_a_long_prompt_every_drafted_row_costs_more_so_narrow_drafts_win()
     assert "context" not in short.explain()
 
 
+def test_a_method_that_sizes_its_own_drafts_is_priced_as_measured_whatever_the_prompt() -> None:
+    # pld's fit drafts fewer rows where rows cost more: its prior of drafted rows is not
+    # priced for the text's length, a fixed-size draft's is.
+    priced = dataclasses.replace(curve(n1=10.0, n8=15.0, n64=60.0), context_tokens=300, row_ms_per_1k=1.0)
+    fit = Candidate("pld", {"num_draft": 16, "fit": True}, tokens_per_step=2.0, drafted=3.0)
+    fixed = Candidate("suffix", {"max_nodes": 8}, tokens_per_step=2.0, drafted=2.0)
+    short = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(fit, fixed), curve=priced, context=300)
+    long = select(hardware=THIS_CPU, model=SMOLLM2, profile=profile(fit, fixed), curve=priced, context=4300)
+    speed = {c.label: {e.label: e.speedup for e in c.ranking} for c in (short, long)}
+    fit_label, fixed_label = "pld[fit=true,num_draft=16]", "suffix[max_nodes=8]"
+    assert speed[short.label][fit_label] == speed[long.label][fit_label]
+    assert speed[long.label][fixed_label] < speed[short.label][fixed_label]
+    assert (short.method, long.method) == ("suffix", "pld")
+
+
 def test_the_selector_prices_priors_for_the_prompt_it_chooses_for() -> None:
     priced = dataclasses.replace(curve(n1=10.0, n8=15.0, n64=60.0), context_tokens=300, row_ms_per_1k=1.0)
     info = ModelInfo("smollm2-135m", SMOLLM2, "sha256:test")

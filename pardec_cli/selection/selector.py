@@ -146,7 +146,8 @@ class Choice:
         if self.context > curve.context_tokens and curve.row_ms_per_1k > 0:
             lines.append(f"context   priors priced after this prompt's {self.context} tokens: every verified row "
                          f"costs {curve.row_ms_per_1k:.2f} ms more per 1000 tokens of text beyond "
-                         f"{curve.context_tokens} (8 tokens {curve.ms_at(8, self.context) / curve.ms_at(1, self.context):.1f}x one here)")
+                         f"{curve.context_tokens} (8 tokens {curve.ms_at(8, self.context) / curve.ms_at(1, self.context):.1f}x "
+                         "one here), but for methods that size their own drafts by that price")
         if est.basis == "baseline":
             why = "measured" if self.measured else "expected"
             lines.append(f"expect    no candidate is {why} to beat plain decoding here")
@@ -260,8 +261,10 @@ def prior_estimates(
     context: int = 0,
 ) -> list[Estimate]:
     """The profile's candidates for `hardware` as the cost model expects them (basis "prior")
-    after `context` tokens of text, labelled canonically; the ones that cannot run here go
-    to `skipped` with a reason."""
+    after `context` tokens of text (but those that size their own drafts, `sizes_itself`),
+    labelled canonically; the ones that cannot run here go to `skipped` with a reason."""
+    from pardec_cli.methods.registry import sizes_itself
+
     skipped = skipped if skipped is not None else []
     estimates = []
     for candidate in profile.candidates_for(hardware):
@@ -283,8 +286,11 @@ def prior_estimates(
                 tokens = measured if greedy else sampled_tokens(measured)
             else:
                 tokens = candidate.tokens_per_step if greedy else sampled_tokens(candidate.tokens_per_step, candidate.sampled_tokens_per_step)
-            step_ms = step_cost_ms(candidate, curve, accelerator_ms, context)
-            base_ms = curve.ms_at(1, context)
+            # A method that sizes its drafts by the step's price drafts fewer rows after a
+            # long text than its prior says: priced at the curve's own text, as measured.
+            priced_at = 0 if sizes_itself(candidate.method, knobs) else context
+            step_ms = step_cost_ms(candidate, curve, accelerator_ms, priced_at)
+            base_ms = curve.ms_at(1, priced_at)
             estimates.append(Estimate(candidate.method, knobs, tokens * base_ms / step_ms, tokens,
                                       step_ms / base_ms, "prior", ref))
     return estimates
