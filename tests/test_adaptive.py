@@ -399,6 +399,15 @@ def test_a_choice_that_sizes_its_own_drafts_runs_alone_unless_adapt_is_given():
     assert auto_method(choice("pld", fit), {"adapt": "off"}) == ("pld", fit, [])
 
 
+def test_which_settings_size_their_own_drafts():
+    from pardec_cli.methods.registry import sizes_itself
+
+    assert sizes_itself("pld", {"fit": True}) and sizes_itself("pld", {"fit": "true", "num_draft": 4})
+    assert not sizes_itself("pld", {}) and not sizes_itself("suffix", {"max_nodes": 8})
+    assert not sizes_itself("pld+recycling", {"pld.fit": True})  # a combination never does
+    assert not sizes_itself("eagle3", {})  # a name only another engine knows: no error
+
+
 def test_a_seeded_sampled_reply_keeps_auto_s_choice_unless_adapt_is_given():
     """Switches follow measured time, and a sampled reply's tokens follow what was drafted:
     only a fixed method lets a seed repeat a reply."""

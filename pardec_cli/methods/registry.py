@@ -230,11 +230,9 @@ def method_names() -> list[str]:
 
 def sizes_itself(name: str, knobs: Mapping[str, Any]) -> bool:
     """Whether `name` with `knobs` sizes each draft itself (its `MethodSpec.self_sizing`
-    knob on: pld's fit); never a `+` combination."""
-    if "+" in name:
-        return False
-    spec = _get_single(name)
-    return bool(spec.self_sizing and resolve_options(name, spec.options, dict(knobs))[spec.self_sizing])
+    knob on: pld's fit); never a `+` combination or a name this pardec does not know."""
+    spec = METHODS.get(name)
+    return bool(spec and spec.self_sizing and resolve_options(name, spec.options, dict(knobs))[spec.self_sizing])
 
 
 def get_spec(name: str) -> MethodSpec:
