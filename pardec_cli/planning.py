@@ -85,7 +85,7 @@ class Plan:
         sampling = self.settings.sampling
         mode = ("greedy" if sampling.greedy
                 else f"temperature {sampling.temperature:g}, top_p {sampling.top_p:g}, top_k {sampling.top_k}")
-        return [*self.reasons, f"sampling  {mode}, at most {self.settings.max_tokens} tokens"]
+        return [*self.reasons, f"sampling  {mode}, at most {self.settings.max_tokens} token{'s' * (self.settings.max_tokens != 1)}"]
 
 
 def describe_sampling(sampling: Any) -> str:

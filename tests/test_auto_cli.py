@@ -78,6 +78,8 @@ def test_a_profile_gives_sampling_defaults_only_for_options_left_unset(tiny_cli_
     assert gen_json(tiny_cli_model, "-n", "6", "-P", "chat", CHAT_PROMPT)["stats"]["generated_tokens"] == 6
     explained = gen(tiny_cli_model, "--explain", "-P", "chat", CHAT_PROMPT, env={"PARDEC_GEN_TEMPERATURE": "0"})
     assert "sampling  greedy, at most 3 tokens" in explained.stderr
+    one = gen(tiny_cli_model, "--explain", "-n", "1", "-P", "chat", CHAT_PROMPT, env={"PARDEC_GEN_TEMPERATURE": "0"})
+    assert "sampling  greedy, at most 1 token\n" in one.stderr
 
 
 def test_batch_prompts_get_a_profile_and_a_method_each(tiny_cli_model, tmp_path):
