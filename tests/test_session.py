@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pardec_cli.errors import PardecUsageError
+from pardec_cli.errors import PardecError, PardecUsageError
 from tests.tiny_models import WORDS, peaked, save_word_level_model, tiny_llama, word_level_tokenizer
 
 
@@ -43,3 +43,34 @@ def test_methods_get_the_stores_notes_on_heads_through_their_env(session, monkey
     monkeypatch.setattr(registry, "create", lambda name, options, env: seen.setdefault("env", env))
     session.build_proposer("vanilla")
     assert seen["env"].heads_notes(tmp_path) == {"draft_vocab": [5, 6, 7]}
+
+
+def test_loading_pauses_the_cyclic_collector_and_leaves_it_as_it_was(tmp_path: Path, monkeypatch) -> None:
+    """Loading imports torch and transformers and builds the model: the collector's passes
+    over those objects as they pile up cost part of a second of start-up."""
+    import gc
+
+    from pardec_cli.session import Session
+    from pardec_cli.store import loading
+
+    seen = []
+    real = loading.load_model
+
+    def spying(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_model", spying)
+    model = save_word_level_model(tmp_path / "model")
+    assert gc.isenabled()
+    Session.load(str(model), device="cpu", offline=True)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        Session.load(str(model), device="cpu", offline=True)
+        assert not gc.isenabled()  # a caller's own choice is kept
+    finally:
+        gc.enable()
+    with pytest.raises(PardecError):  # a failed load too
+        Session.load(str(tmp_path / "no-such-model"), device="cpu", offline=True)
+    assert gc.isenabled()
