@@ -147,6 +147,21 @@ class TextStream:
         return tail
 
 
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (as it was after): loading
+    imports torch and transformers and builds the model, some million objects that live
+    as long as the process, and the collector's passes over them as they pile up cost
+    0.6-1.3 s of a `pardec gen`'s start (docs/runner.md)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class Session:
     """A target model, its tokenizer and the current decoding method."""
 
@@ -202,6 +217,7 @@ class Session:
     # -- construction -----------------------------------------------------------------
 
     @classmethod
+    @collection_paused()
     def load(
         cls, model_spec: str | None, *, dtype: str = "auto", device: str = "auto", offline: bool | None = None,
         progress: bool = False, compile: str = "off", expected_tokens: int | None = None,
@@ -215,15 +231,6 @@ class Session:
         more than the runner's break-even on this device. `notice` receives the runner's
         one-line messages (compiling, falling back to eager).
         """
-        with collection_paused():
-            return cls._load(model_spec, dtype=dtype, device=device, offline=offline, progress=progress, compile=compile,
-                             expected_tokens=expected_tokens, notice=notice, weights=weights)
-
-    @classmethod
-    def _load(
-        cls, model_spec: str | None, *, dtype: str, device: str, offline: bool | None, progress: bool, compile: str,
-        expected_tokens: int | None, notice: Callable[[str], None] | None, weights: str,
-    ) -> Session:
         from pardec_cli.engine.compile_policy import compile_pays
         from pardec_cli.engine.native import native_reason
         from pardec_cli.engine.runner import GRAPH_KINDS, CompiledLanguageModel, step_file
@@ -497,21 +504,6 @@ class Session:
             stream.text, stream.token_ids, stream.finish_reason or "", stream.stats, self.method_name,
             self.proposer.knobs(),
         )
-
-
-@contextmanager
-def collection_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block (as it was after): loading
-    imports torch and transformers and builds the model, some million objects that live
-    as long as the process, and the collector's passes over them as they pile up cost
-    0.6-1.3 s of a `pardec gen`'s start (docs/runner.md)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def encode_prompt(

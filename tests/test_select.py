@@ -95,6 +95,13 @@ def test_the_selector_prices_priors_for_the_prompt_it_chooses_for() -> None:
     assert (short.context, long.context) == (10, 3000)
     assert long.estimate.speedup < short.estimate.speedup
 
+    def never(text: str) -> int:
+        raise AssertionError("a curve that does not price text needs no token count")
+
+    unpriced = AutoSelector(THIS_CPU, info, profiles={"test": profile(NARROW)}, learned_curve=curve(n1=10.0, n8=15.0),
+                            count_tokens=never)
+    assert unpriced.choose("word " * 3000, "test").context == 0
+
 
 def test_plain_decoding_wins_when_nothing_is_expected_to_beat_it() -> None:
     c = curve(n1=10.0, n8=40.0)  # verifying costs dearly

@@ -575,7 +575,10 @@ class AutoSelector:
 
             raise PardecUsageError(f"unknown profile {profile!r}; choose from: auto, {', '.join(self.profiles)}")
         factor, why = self.discount()
-        context = self.count_tokens(prompt) if prompt and self.count_tokens is not None else 0
+        # Counted only where the curve prices text (a measured row cost): else it changes nothing.
+        curve = self.measured_curve
+        priced = curve is not None and curve.row_ms_per_1k > 0
+        context = self.count_tokens(prompt) if prompt and priced and self.count_tokens is not None else 0
         choice = select(
             hardware=self.hardware,
             model=self.model.shape,
@@ -585,7 +588,7 @@ class AutoSelector:
             measured=self.measured(profile),
             discount=factor,
             discount_basis=why,
-            curve=self.measured_curve,
+            curve=curve,
             methods=self.methods,
             missing=self.missing,
             context=context,
