@@ -81,9 +81,10 @@ def vllm_report() -> dict[str, Any]:
     }
 
 
-def machine(device: str = "auto", dtype: str = "auto", model: str | None = None) -> tuple[dict[str, Any], Any]:
+def machine(device: str = "auto", dtype: str = "auto", model: str | None = None,
+            weights: str = "auto") -> tuple[dict[str, Any], Any]:  # fmt: skip
     """(report, Hardware): the CPU, memory, GPUs, and what --device/--dtype resolve to for
-    `model` (`-m`; None: the embedded one)."""
+    `model` (`-m`; None: the embedded one) with `--weights` `weights`."""
     from pardec_cli.hardware import (
         available_ram_bytes, cpu_info, cpu_isa, detect_hardware, probe_gpus, total_ram_bytes,
     )
@@ -92,7 +93,7 @@ def machine(device: str = "auto", dtype: str = "auto", model: str | None = None)
     gpus = probe_gpus() if device != "cpu" else []
     from pardec_cli.selection.estimates import estimate as device_estimate
 
-    hardware = detect_hardware(device, dtype, blocks4=model_blocks4(model))
+    hardware = detect_hardware(device, dtype, blocks4=model_native(model, weights))
     speed = device_estimate(hardware)
     flags = {
         "avx2": cpu.has_avx2, "avx512": cpu.has_avx512, "avx512_bf16": cpu.has_avx512_bf16, "amx_bf16": cpu.has_amx_bf16,
@@ -125,12 +126,12 @@ def models() -> list[dict[str, Any]]:
     return [m.to_dict() for m in list_models()]
 
 
-def model_blocks4(spec: str | None) -> bool:
-    """Whether the model `-m` names is kept as GGUF 4-bit blocks with pardec's AVX2 kernels
-    built to run them (what `--dtype auto` weighs: `store.loading.native_blocks`)."""
-    from pardec_cli.store.loading import native_blocks
+def model_native(spec: str | None, weights: str = "auto") -> bool:
+    """Whether `--dtype auto` runs the model `-m` names in float32 on the native step with
+    `--weights` `weights` (`store.loading.native_auto`: its kernels built, nothing started)."""
+    from pardec_cli.store.loading import native_auto
 
-    return native_blocks(find_model(spec)[1])
+    return native_auto(find_model(spec)[1], weights)
 
 
 def find_model(spec: str | None) -> tuple[str, Path | None, str | None]:
@@ -168,7 +169,7 @@ def _kernel_suffix(hardware: Any, held: str, kernels_now: dict[str, Any], *, avx
     from pardec_cli.store.loading import bf16_kernel_weights
 
     if avx2:
-        return "+pardec" if held in ("q4q8", "full", "int8") else ""
+        return "+pardec" if held in ("q4q8", "q8q8", "full", "int8") else ""
     bf16 = (hardware.device == "cpu" and hardware.dtype == "bfloat16" and kernels_now["enabled"] and kernels_now["bfloat16"]
             and kernels_now["status"] == "built")  # fmt: skip
     return "+pardec" if bf16 and bf16_kernel_weights(held) else ""
@@ -212,14 +213,16 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
     from pardec_cli.weight_modes import resolve_weights
     from pardec_cli.store.quantized import is_quantized_dir
 
-    kernels_now = int4_kernels_report()  # auto's q4q8 in float32 needs the AVX2 kernels built
+    from pardec_cli.store.loading import auto_native
+
+    kernels_now = int4_kernels_report()  # auto's q4q8 and q8q8 in float32 need the AVX2 kernels built
     blocks4 = is_quantized_dir(path)
-    wanted = kernels_now["blocks4"] if blocks4 and weights == "auto" else kernels_now["float32"]
+    wanted = kernels_now["blocks4"] if auto_native(blocks4, weights) else kernels_now["float32"]
     avx2 = (hardware.device == "cpu" and hardware.dtype == "float32" and kernels_now["enabled"] and wanted
             and kernels_now["avx2_status"] == "built")  # fmt: skip
     held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device, stored="q4" if blocks4 else None,
                            avx2=avx2)  # fmt: skip
-    runner = "native" if held == "q4q8" and avx2 and _native_expected(summary) else "eager"
+    runner = "native" if held in ("q4q8", "q8q8") and avx2 and _native_expected(summary) else "eager"
     step = step_kind(hardware.dtype, held + _kernel_suffix(hardware, held, kernels_now, avx2=avx2), runner)
     usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (

@@ -287,6 +287,8 @@ def _register_fakes(library: Library = AVX512) -> None:
         torch.library.register_fake("pardec_avx2::q8f32_mm", lambda x, q, scales: x.new_empty((x.shape[0], q.shape[0])))
         # x [M, K] by packed codes (`quant.pack_head`) and scales [N] -> [M, N]
         torch.library.register_fake("pardec_avx2::q8q8_mm", lambda x, q, scales: x.new_empty((x.shape[0], scales.shape[0])))
+        # x [M, K] by int8 codes [N/16, K/32, 512] and scales [N/16, K/32, 16] -> [M, N] float32
+        torch.library.register_fake("pardec_avx2::q8q8_blocks_mm", lambda x, q, scales: x.new_empty((x.shape[0], 16 * q.shape[0]), dtype=torch.float32))
         # x [M, K] by records w [N/16, K/32, 320] -> [M, n] float32
         torch.library.register_fake("pardec_avx2::q4q8_mm", lambda x, w, n: x.new_empty((x.shape[0], n), dtype=torch.float32))
         # query [B, H, R, D] -> output [B, R, H, D]

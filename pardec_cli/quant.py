@@ -20,6 +20,8 @@ are stored as integers and dequantized inside the matmul kernel.
   `BF16Head` the output head on it, over a copy beside the dense weight.
 - `F32Linear` and `Int8F32`: a float32 layer or head, and `Int8Linear` in float32, on
   pardec's AVX2 kernels over their own weights (`use_avx2`).
+- `Q8Records`: int8 codes in groups of 32 with a scale each (llama.cpp's Q8_0), by int8
+  activation groups on pardec's AVX2 library (``--weights q8q8``).
 
 Both are plain `nn.Module`s whose forward calls one aten op, so they run eagerly and
 trace under ``torch.compile`` without graph breaks. `quantize_linears` swaps them into
@@ -609,6 +611,74 @@ class Int8F32(Int8Linear):
         return super().extra_repr() + ", float32, pardec's AVX2 kernel"
 
 
+class Q8Records(nn.Module):
+    """y = x @ W.T + bias with W as int8 codes in groups of 32 inputs, one scale per (output,
+    group): w = q * d, llama.cpp's Q8_0. Multiplied by pardec's AVX2 library
+    (``pardec_avx2::q8q8_blocks_mm``) with the activations quantized to int8 in the same
+    groups (Q8_0 by Q8_0; ``--weights q8q8``), each row computed alone. `blocks` int8
+    [N/16, K/32, 512] (`pack_head`'s layout), `scales` bfloat16 [N/16, K/32, 16]
+    (`q8_blocks`): float32's range, widened exactly. About 1.06 bytes a weight, half of
+    bfloat16; the native step (`engine.native`) runs a Llama decoder of these in one call.
+    """
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, *, in_features: int, out_features: int,
+                 bias: torch.Tensor | None) -> None:  # fmt: skip
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("blocks", blocks)
+        self.register_buffer("scales", scales)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        #: As `Int4Records.shared_columns` (`share_products`).
+        self.shared_columns: tuple[int, int] | None = None
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Q8Records | None:
+        """Quantize a dense [out, in] CPU weight (`q8_blocks`); None where the kernel cannot
+        take its shape (outputs not whole blocks of 16, inputs not whole groups of 32)."""
+        n, k = weight.shape
+        if weight.device.type != "cpu" or n % RECORD_BLOCK or k % RECORD_GROUP:
+            return None
+        codes, scales = q8_blocks(weight)
+        blocks = pack_head(codes)
+        # [N, G] -> [N/16, G, 16]: a block's 16 outputs side by side, group after group
+        packed = scales.view(n // RECORD_BLOCK, RECORD_BLOCK, k // RECORD_GROUP).transpose(1, 2).contiguous()
+        return cls(blocks, packed, in_features=k, out_features=n, bias=None if bias is None else bias.detach())
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight W [out, in] float32 (w = q * d)."""
+        n, k = self.out_features, self.in_features
+        # blocks [NB, G, 8 (p), 16 (i), 4 (j)] -> q [NB, 16, G, 32]; scales [NB, G, 16] -> [NB, 16, G, 1]
+        q = self.blocks.view(n // 16, k // 32, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(n // 16, 16, k // 32, 32)
+        d = self.scales.float().transpose(1, 2).unsqueeze(-1)
+        return (q.float() * d).reshape(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        if _needs_grad(x2d):
+            y = nn.functional.linear(x2d, self.dequantize().to(x.dtype))
+        else:
+            y = torch.ops.pardec_avx2.q8q8_blocks_mm(x2d, self.blocks, self.scales).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 groups of 32 by int8 "
+                "activation groups, pardec's AVX2 kernel")  # fmt: skip
+
+
+def q8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dense [N, K] weight (K a multiple of 32) as Q8_0: codes int8 [N, K] in -127..127 and
+    one bfloat16 scale per (output, group of 32 inputs), [N, K/32], d = max |w| / 127 rounded
+    to bfloat16, each code round(w / d) with that rounded d."""
+    n, k = weight.shape
+    groups = weight.detach().float().reshape(n, k // RECORD_GROUP, RECORD_GROUP)
+    scales = (groups.abs().amax(dim=-1) / 127.0).to(torch.bfloat16)  # [N, G]
+    d = scales.float().clamp(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
+    codes = torch.round(groups / d).clamp(-127, 127).to(torch.int8).reshape(n, k)
+    return codes, scales
+
+
 def use_avx2(model: nn.Module) -> int:
     """Put the model's float32 dense layers and output head (`F32Linear`) and its float32
     `Int8Linear` layers (`Int8F32`) on pardec's AVX2 kernels, in place (the caller has
@@ -747,16 +817,17 @@ def decoder_linears(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
 
 def quantize_linears(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZE,
                      prepared: dict[str, nn.Module] | None = None) -> int:  # fmt: skip
-    """Replace the decoder's nn.Linear layers with `Int8Linear` ("int8") or `Int4Linear`
-    ("int4") in place; return how many were replaced ("full" replaces none).
+    """Replace the decoder's nn.Linear layers with `Int8Linear` ("int8"), `Int4Linear`
+    ("int4") or `Q8Records` ("q8q8": pardec's AVX2 library loaded) in place; return how
+    many were replaced ("full" replaces none).
 
     `prepared` maps module names to ready quantized modules (for example built straight
     from a GGUF file's 4-bit codes); those are used instead of quantizing the dense weight.
-    A layer the int4 kernel cannot take keeps its dense weight.
+    A layer the int4 or q8q8 kernel cannot take keeps its dense weight.
     """
     if mode == "full":
         return 0
-    if mode not in ("int8", "int4"):
+    if mode not in ("int8", "int4", "q8q8"):
         raise ValueError(f"unknown weight mode {mode!r}")
     prepared = prepared or {}
     replaced = 0
@@ -765,6 +836,10 @@ def quantize_linears(model: nn.Module, mode: str, *, group_size: int = DEFAULT_G
         if new is None:
             if mode == "int8":
                 new = Int8Linear.from_weight(linear.weight, linear.bias)
+            elif mode == "q8q8":
+                new = Q8Records.from_weight(linear.weight, linear.bias)
+                if new is None:
+                    continue
             elif can_int4(linear, group_size):
                 new = Int4Linear.from_weight(linear.weight, linear.bias, group_size=group_size)
             else:
@@ -1169,7 +1244,7 @@ def _share_key(m: nn.Module) -> tuple[object, ...] | None:
     layer that cannot join (CPU int4 layers only, in whole blocks of their packing)."""
     if isinstance(m, Int4Records) and m.shared_columns is None:
         return (Int4Records, m.in_features, m.activations)
-    if isinstance(m, _PairRecords) and m.shared_columns is None:
+    if isinstance(m, (_PairRecords, Q8Records)) and m.shared_columns is None:
         return (type(m), m.in_features)
     if isinstance(m, (F32Linear, Int8F32)) and m.shared_columns is None:
         return (type(m), m.in_features)
@@ -1185,7 +1260,7 @@ def _share(members: list[nn.Module]) -> None:
     `Int8Records`' and `BF16Records`' records of 16 outputs) and make each member's a view of it;
     `Int4Linear` members also get the group's scales beside their own (see
     `share_products`), `Int8Records` members the group's [N_total] scales."""
-    records = isinstance(members[0], (Int4Records, _PairRecords))
+    records = isinstance(members[0], (Int4Records, _PairRecords, Q8Records))
     name, rows = ("blocks", RECORD_BLOCK) if records else ("packed", 1)
     if isinstance(members[0], (F32Linear, Int8F32)):  # their own [N, K] rows
         name = "weight" if isinstance(members[0], F32Linear) else "weight_int8"
@@ -1193,8 +1268,8 @@ def _share(members: list[nn.Module]) -> None:
     scales = None
     if isinstance(members[0], Int4Linear):
         scales = torch.cat([m.scales_and_zeros for m in members], dim=1)  # [K/g, N_total, 2]
-    elif isinstance(members[0], (Int8Records, Int8F32)):
-        scales = torch.cat([m.scales for m in members])  # [N_total]
+    elif isinstance(members[0], (Int8Records, Int8F32, Q8Records)):
+        scales = torch.cat([m.scales for m in members])  # [N_total], or Q8Records' [N_total / 16, G, 16]
     lo = 0
     for m in members:
         hi = lo + m.out_features
@@ -1205,6 +1280,8 @@ def _share(members: list[nn.Module]) -> None:
             m.register_buffer("shared_scales", scales)
         if isinstance(m, (Int8Records, Int8F32)) and scales is not None:
             m.scales = scales[lo:hi]  # a view: one copy of the scales
+        elif isinstance(m, Q8Records) and scales is not None:
+            m.scales = scales[lo // rows:hi // rows]
         m.shared_columns = (lo, hi)
         lo = hi
 
@@ -1270,24 +1347,27 @@ def row_tile(model: nn.Module) -> int:
     modules = list(model.modules())
     if any(isinstance(m, Int4Linear) for m in modules):
         return CPU_INT4_ROW_TILE
-    records = [m for m in modules if isinstance(m, (Int4Records, _PairRecords))]
+    records = [m for m in modules if isinstance(m, (Int4Records, _PairRecords, Q8Records))]
     if not records:
         return 1
-    return min(_avx2_row_tile() if getattr(m, "activations", None) == "float32" else RECORD_ROW_TILE for m in records)
+    return min(_avx2_row_tile() if own_kernel_activations(m) == "float32" else RECORD_ROW_TILE for m in records)
 
 
 def _avx2_row_tile() -> int:
-    """Rows the loaded AVX2 library's q4q8 products take per pass (its build's own answer)."""
+    """Rows the loaded AVX2 library's q4q8 products take per pass (its build's own answer;
+    its q8q8 ones take as many)."""
     ops = torch.ops.pardec_avx2
     return int(ops.q4q8_row_tile()) if hasattr(ops, "q4q8_row_tile") else AVX2_RECORD_ROW_TILE
 
 
 def weights_label(model: nn.Module) -> str:
     """What the model's decoder layers hold: "int8", "int4" (whichever kernel), "q4q8"
-    (int4 by int8 activations, where any layer is), or "full" (dense)."""
+    (int4 by int8 activations, where any layer is), "q8q8" (`Q8Records`), or "full" (dense)."""
     modules = list(model.modules())
     if any(isinstance(m, Int4Records) and m.activations in ("int8", "float32") for m in modules):
         return "q4q8"
+    if any(isinstance(m, Q8Records) for m in modules):
+        return "q8q8"
     if any(isinstance(m, (Int4Linear, Int4Records)) for m in modules):
         return "int4"
     if any(isinstance(m, (Int8Linear, Int8Records)) for m in modules):
@@ -1300,7 +1380,7 @@ def own_kernel_activations(module: nn.Module) -> str | None:
     on the AVX512 library, "float32" on the AVX2 one), None for a module that calls none."""
     if isinstance(module, Int4Records):
         return module.activations
-    if isinstance(module, (F32Linear, Int8F32, Int8F32Head)):
+    if isinstance(module, (F32Linear, Int8F32, Int8F32Head, Q8Records)):
         return "float32"
     return "bfloat16" if isinstance(module, (_PairRecords, RecordsHead)) else None
 

@@ -235,16 +235,18 @@ class Session:
         from pardec_cli.engine.native import native_reason
         from pardec_cli.engine.runner import GRAPH_KINDS, CompiledLanguageModel, step_file
         from pardec_cli.hardware import resolve_device, resolve_dtype
-        from pardec_cli.store.loading import load_model, native_blocks
+        from pardec_cli.store.loading import load_model, native_auto
         from pardec_cli.store.resolve import resolve_model
 
         if compile not in COMPILE_MODES:
             raise PardecUsageError(f"compile must be one of {', '.join(COMPILE_MODES)}, not {compile!r}")
         device = resolve_device(device)
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
-        # auto: float32 for a GGUF's 4-bit blocks once the native step's kernels are built here
+        # auto: float32 where the native step runs the model (a GGUF's 4-bit blocks, auto's
+        # q8q8 of dense layers) once its kernels are built here, and for q8q8 asked for
         auto = (dtype or "auto").strip().lower() == "auto"
-        dtype = resolve_dtype(dtype, device, blocks4=auto and device == "cpu" and native_blocks(resolved.path, start=True))
+        native = weights == "q8q8" or native_auto(resolved.path, weights, start=True)
+        dtype = resolve_dtype(dtype, device, blocks4=auto and device == "cpu" and native)
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights, notice=notice)
         # auto: compile for long-lived sessions and long work; for shorter work only when an
         # earlier run saved the steps, and then without compiling any that are missing.

@@ -325,9 +325,11 @@ def test_weights_modes_resolve_and_a_bad_one_is_a_usage_error() -> None:
     assert resolve_weights("auto", dtype="bfloat16", device="cpu", stored="q4") == "int4"
     assert resolve_weights("auto", dtype="bfloat16", device="cpu", stored=None) == "full"
     assert resolve_weights("auto", dtype="float32", device="cpu", stored="q4") == "full"
-    # where float32 runs on pardec's AVX2 kernels: 4-bit blocks as q4q8 (llama.cpp's arithmetic)
+    # where float32 runs on pardec's AVX2 kernels: 4-bit blocks as q4q8, dense layers as q8q8
+    # (llama.cpp's arithmetic for Q4_1 and Q8_0 weights), both on the native step
     assert resolve_weights("auto", dtype="float32", device="cpu", stored="q4", avx2=True) == "q4q8"
-    assert resolve_weights("auto", dtype="float32", device="cpu", stored=None, avx2=True) == "full"
+    assert resolve_weights("auto", dtype="float32", device="cpu", stored=None, avx2=True) == "q8q8"
+    assert resolve_weights("q8q8", dtype="float32", device="cpu", stored="q4") == "q8q8"
     assert resolve_weights("auto", dtype="bfloat16", device="cpu", stored="q4", avx2=True) == "int4"
     assert resolve_weights("auto", dtype="float32", device="cuda", stored="q4", avx2=True) == "full"
     assert resolve_weights("full", dtype="float32", device="cpu", stored="q4", avx2=True) == "full"

@@ -55,7 +55,7 @@ def doctor(model: str | None, device: str, dtype: str, measure: bool, compile: s
     """
     from pardec_cli import doctor as report_lib
 
-    machine, hardware = report_lib.machine(device, dtype, model)
+    machine, hardware = report_lib.machine(device, dtype, model, weights)
     report = {
         "versions": report_lib.versions(),
         "machine": machine,

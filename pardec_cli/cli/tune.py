@@ -95,12 +95,12 @@ def tune(model: str | None, dtype: str, weights: str, device: str, offline: bool
 
 def _model_key(model: str | None, device: str, dtype: str) -> tuple[str, str | None, str, str]:
     """(name, fingerprint or None, device key, dtype) of MODEL here, without loading it."""
-    from pardec_cli.doctor import find_model, model_blocks4
+    from pardec_cli.doctor import find_model, model_native
     from pardec_cli.hardware import detect_hardware
     from pardec_cli.selection.tuned import fingerprint_directory
 
     name, path, _repo = find_model(model)
-    hardware = detect_hardware(device, dtype, blocks4=model_blocks4(model))
+    hardware = detect_hardware(device, dtype, blocks4=model_native(model))
     return name, fingerprint_directory(path) if path else None, hardware.key, hardware.dtype
 
 

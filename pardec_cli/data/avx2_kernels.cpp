@@ -8,6 +8,9 @@
 //                        as llama.cpp multiplies Q4_1 by Q8_1: --weights q4q8 on AVX2;
 //   pardec_avx2::q8q8_mm  int8 weights (one scale per output: the head's) by activations
 //                        quantized to int8 in groups of 32, as llama.cpp's Q8_0 by Q8_0;
+//   pardec_avx2::q8q8_blocks_mm  int8 weights with a scale per output and group of 32
+//                        (`quant.Q8Records`, llama.cpp's Q8_0 weights) by the same
+//                        activation groups: --weights q8q8;
 //   pardec_avx2::attention  a few query rows' attention over a float32 or float16 cache,
 //                        each row computed alone (engine/attention.py).
 // Built at run time by torch.utils.cpp_extension (pardec_cli/kernels.py).
@@ -481,6 +484,19 @@ constexpr Q8HeadRows kQ8HeadRows[kHeadRows + 1] = {nullptr, q8_head_rows<1>, q8_
 constexpr Q8HeadRows kQ8HeadRows[kHeadRows + 1] = {nullptr, q8_head_rows<1>, q8_head_rows<2>, q8_head_rows<3>, q8_head_rows<4>};
 #endif
 
+// -128 times each group's code sum (VPDPBUSD's correction; the VNNI build's only) into cx [M, G].
+inline void code_sums(const int8_t* qx, int64_t M, int64_t G, int32_t* cx) {
+#ifdef PARDEC_Q4_512
+  for (int64_t i = 0; i < M * G; ++i) {
+    int32_t sum = 0;
+    for (int64_t k = 0; k < kGroup; ++k) sum += qx[i * kGroup + k];
+    cx[i] = -128 * sum;
+  }
+#else
+  (void)qx, (void)M, (void)G, (void)cx;
+#endif
+}
+
 // x [M, K] float32 (K a multiple of 32) by packed codes w [ceil(N/16), K/32, 512] and scales
 // [N] -> y [M, N].
 void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const float* scale, int64_t N, float* y) {
@@ -489,13 +505,7 @@ void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const floa
   std::vector<float> dx(M * G), sx(M * G);  // s_x: unused here (no minimums)
   std::vector<int32_t> cx(M * G);  // VPDPBUSD's correction: read by the VNNI build only
   quantize_rows(x, K, M, K, qx.data(), dx.data(), sx.data());
-#ifdef PARDEC_Q4_512
-  for (int64_t i = 0; i < M * G; ++i) {
-    int32_t sum = 0;
-    for (int64_t k = 0; k < kGroup; ++k) sum += qx[i * kGroup + k];
-    cx[i] = -128 * sum;
-  }
-#endif
+  code_sums(qx.data(), M, G, cx.data());
   // 4 blocks (64 outputs) at least per task: torch's threads take contiguous ranges.
   at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
     alignas(64) float part[kHeadRows * kBlock], part_scale[kBlock];
@@ -516,6 +526,127 @@ void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const floa
       }
     }
   });
+}
+
+// ---- int8 weights in groups of 32 with a scale per (output, group), by int8 activation
+// groups: llama.cpp's Q8_0 by Q8_0 (`--weights q8q8`, `quant.Q8Records`). Codes as the
+// head's records (`quant.pack_head`: [N/16, K/32, 512]); scales bfloat16 [N/16, K/32, 16]
+// (float32's range, widened exactly by a shift), a stream of their own so that each record
+// of codes stays on whole cache lines. A group's integer sums are exact, as the head's,
+// and each (row, output) adds its groups in order, d_w * d_x times the sum: both builds
+// give the same bits, and a row's result does not depend on the rows beside it.
+constexpr int64_t kQ8Prefetch = 32;  // records ahead, into L2 (as q4q8's)
+
+template <int R>
+void q8_block_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t K, int64_t G, const int8_t* w, const uint16_t* ws,
+                   float* out, int64_t ldo) {
+#ifdef PARDEC_Q4_512
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t g = 0; g < G; ++g) {
+    const int8_t* rec = w + g * kHeadRecord;
+    for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kQ8Prefetch * kHeadRecord + line), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(ws + (g + kQ8Prefetch) * kBlock), _MM_HINT_T1);
+    __m512i u[8];  // q + 128
+    for (int p = 0; p < 8; ++p) u[p] = _mm512_xor_si512(_mm512_loadu_si512(rec + 64 * p), flip);
+    const __m512 d = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g * kBlock))), 16));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = qx + r * K + g * kGroup;
+      __m512i s0 = _mm512_set1_epi32(cx[r * G + g]), s1 = _mm512_setzero_si512();  // two chains of 4
+      for (int p = 0; p < 8; p += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, u[p], _mm512_set1_epi32(four_codes(x + 4 * p)));
+        s1 = _mm512_dpbusd_epi32(s1, u[p + 1], _mm512_set1_epi32(four_codes(x + 4 * p + 4)));
+      }
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + g])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+#else
+  (void)cx;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; ++half) {  // 8 outputs a pass, as the head's kernel
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int8_t* rec = w + g * kHeadRecord;
+      if (half == 0) {
+        for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kQ8Prefetch * kHeadRecord + line), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(ws + (g + kQ8Prefetch) * kBlock), _MM_HINT_T1);
+      }
+      const int8_t* h = rec + 32 * half;
+      __m256i a[8];  // |q|
+      for (int p = 0; p < 8; ++p) a[p] = _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p)));
+      const __m256 d = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * kBlock + 8 * half))), 16));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = qx + r * K + g * kGroup;
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int p = 0; p < 8; p += 2) {
+          const __m256i x0 = _mm256_set1_epi32(four_codes(x + 4 * p)), x1 = _mm256_set1_epi32(four_codes(x + 4 * p + 4));
+          const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p));
+          const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p + 64));
+          s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p], _mm256_sign_epi8(x0, q0)), ones));
+          s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p + 1], _mm256_sign_epi8(x1, q1)), ones));
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_mul_ps(d, _mm256_set1_ps(dx[r * G + g])), acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo + 8 * half, acc[r]);
+  }
+#endif
+}
+
+using Q8BlockRows = void (*)(const int8_t*, const float*, const int32_t*, int64_t, int64_t, const int8_t*, const uint16_t*, float*, int64_t);
+#ifdef PARDEC_Q4_512
+constexpr Q8BlockRows kQ8BlockRows[kHeadRows + 1] = {nullptr, q8_block_rows<1>, q8_block_rows<2>, q8_block_rows<3>, q8_block_rows<4>,
+                                                     q8_block_rows<5>, q8_block_rows<6>, q8_block_rows<7>, q8_block_rows<8>};
+#else
+constexpr Q8BlockRows kQ8BlockRows[kHeadRows + 1] = {nullptr, q8_block_rows<1>, q8_block_rows<2>, q8_block_rows<3>, q8_block_rows<4>};
+#endif
+
+// M rows x [M, K] (float32, rows ldx apart) by codes w [n/16, K/32, 512] and scales ws
+// [n/16, K/32, 16] -> out [M, n] (rows ldo apart). qx [M, K], dx, sx and cx [M, K/32]: room
+// for the rows' int8 groups.
+void q8q8_block_rows(const float* x, int64_t ldx, int64_t M, int64_t K, const int8_t* w, const uint16_t* ws, int64_t n, float* out,
+                     int64_t ldo, int8_t* qx, float* dx, float* sx, int32_t* cx) {
+  const int64_t G = K / kGroup, NB = n / kBlock;
+  quantize_rows(x, ldx, M, K, qx, dx, sx);
+  code_sums(qx, M, G, cx);
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      for (int64_t r0 = 0; r0 < M; r0 += kHeadRows) {
+        kQ8BlockRows[std::min(kHeadRows, M - r0)](qx + r0 * K, dx + r0 * G, cx + r0 * G, K, G, w + nb * G * kHeadRecord,
+                                                  ws + nb * G * kBlock, out + r0 * ldo + nb * kBlock, ldo);
+      }
+    }
+  });
+}
+
+void check_q8_blocks(const at::Tensor& w, const at::Tensor& ws, int64_t n, int64_t k, const char* what) {
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 3 && w.size(0) == n / kBlock && n % kBlock == 0 &&
+              w.size(1) == k / kGroup && w.size(2) == kHeadRecord && w.device().is_cpu(), what, ": codes ", w.sizes(),
+              " are not int8 [n/16, K/32, 512] for ", n, " x ", k, " weights");
+  TORCH_CHECK(ws.scalar_type() == at::kBFloat16 && ws.is_contiguous() && ws.dim() == 3 && ws.size(0) == w.size(0) &&
+              ws.size(1) == w.size(1) && ws.size(2) == kBlock && ws.device().is_cpu(), what, ": scales ", ws.sizes(),
+              " are not bfloat16 [n/16, K/32, 16]");
+}
+
+// x [M, K] (any float dtype) by `quant.Q8Records`' codes and scales -> [M, n] float32.
+at::Tensor q8q8_blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& ws) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "q8q8_blocks_mm: x must be 2-D on the CPU");
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), n = w.size(0) * kBlock;
+  TORCH_CHECK(K % kGroup == 0, "q8q8_blocks_mm: K must be a multiple of 32, got ", K);
+  check_q8_blocks(w, ws, n, K, "q8q8_blocks_mm");
+  at::Tensor y = at::empty({M, n}, x.options());
+  if (M == 0) return y;
+  std::vector<int8_t> qx(M * K);
+  std::vector<float> dx(M * (K / kGroup)), sx(M * (K / kGroup));
+  std::vector<int32_t> cx(M * (K / kGroup));
+  q8q8_block_rows(x.data_ptr<float>(), K, M, K, w.data_ptr<int8_t>(), reinterpret_cast<const uint16_t*>(ws.data_ptr<at::BFloat16>()), n,
+                  y.data_ptr<float>(), n, qx.data(), dx.data(), sx.data(), cx.data());
+  return y;
 }
 
 void check_head(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const char* op) {
@@ -763,8 +894,12 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
 struct LlamaWeights : torch::CustomClassHolder {
   // Per layer, 6 tensors: input norm [E], q/k/v records [(Q + 2 KV)/16, E/32, 320], o
   // records [E/16, Q/32, 320], post-attention norm [E], gate/up records [2I/16, E/32, 320],
-  // down records [E/16, I/32, 320].
+  // down records [E/16, I/32, 320]; or the four products as int8 codes [n/16, k/32, 512]
+  // (q8q8: `quant.Q8Records`), their scales in `product_scales`.
   std::vector<at::Tensor> layers;
+  // Empty (q4q8 records), or per layer the bfloat16 scales [n/16, k/32, 16] of its four
+  // int8 products (q/k/v, o, gate/up, down).
+  std::vector<at::Tensor> product_scales;
   at::Tensor embed;       // [V_in, E] float32
   at::Tensor final_norm;  // [E]
   at::Tensor smooth;      // [E]: the head's inputs are multiplied by it (quant.smoothed_int8); empty: by 1
@@ -779,10 +914,10 @@ struct LlamaWeights : torch::CustomClassHolder {
   // scans every argument of an op that takes a class, per call).
   std::vector<at::Tensor> keys, values;
 
-  LlamaWeights(std::vector<at::Tensor> layers_, at::Tensor embed_, at::Tensor final_norm_, at::Tensor smooth_,
-               at::Tensor codes_, at::Tensor scales_, std::vector<int64_t> cache_layer_, std::vector<int64_t> dims,
+  LlamaWeights(std::vector<at::Tensor> layers_, std::vector<at::Tensor> product_scales_, at::Tensor embed_, at::Tensor final_norm_,
+               at::Tensor smooth_, at::Tensor codes_, at::Tensor scales_, std::vector<int64_t> cache_layer_, std::vector<int64_t> dims,
                double eps_, double scaling_)
-      : layers(std::move(layers_)), embed(std::move(embed_)), final_norm(std::move(final_norm_)), smooth(std::move(smooth_)),
+      : layers(std::move(layers_)), product_scales(std::move(product_scales_)), embed(std::move(embed_)), final_norm(std::move(final_norm_)), smooth(std::move(smooth_)),
         codes(std::move(codes_)), scales(std::move(scales_)), cache_layer(std::move(cache_layer_)), eps(eps_), scaling(scaling_) {
     TORCH_CHECK(dims.size() == 4, "LlamaWeights: dims are (heads, kv_heads, head_dim, intermediate)");
     heads = dims[0], kv_heads = dims[1], head_dim = dims[2], inter = dims[3];
@@ -802,14 +937,21 @@ struct LlamaWeights : torch::CustomClassHolder {
                   t.size(1) == k / kGroup && t.size(2) == kRecord && t.device().is_cpu(), "LlamaWeights: ", what, " records ", t.sizes(),
                   " do not hold ", n, " x ", k, " weights");
     };
+    const bool q8 = !product_scales.empty();
+    TORCH_CHECK(!q8 || static_cast<int64_t>(product_scales.size()) == 4 * L, "LlamaWeights: no scales, or 4 per layer");
     for (int64_t l = 0; l < L; ++l) {
       const at::Tensor* t = layers.data() + 6 * l;
       f32(t[0], E, "an input norm");
-      records(t[1], Q + 2 * KV, E, "q/k/v");
-      records(t[2], E, Q, "o");
       f32(t[3], E, "a post-attention norm");
-      records(t[4], 2 * inter, E, "gate/up");
-      records(t[5], E, inter, "down");
+      const int64_t shapes[4][3] = {{1, Q + 2 * KV, E}, {2, E, Q}, {4, 2 * inter, E}, {5, E, inter}};
+      const char* names[4] = {"q/k/v", "o", "gate/up", "down"};
+      for (int j = 0; j < 4; ++j) {
+        if (q8) {
+          check_q8_blocks(t[shapes[j][0]], product_scales[4 * l + j], shapes[j][1], shapes[j][2], names[j]);
+        } else {
+          records(t[shapes[j][0]], shapes[j][1], shapes[j][2], names[j]);
+        }
+      }
     }
     TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == at::kFloat && embed.is_contiguous(), "LlamaWeights: embed must be contiguous float32 [V, E]");
     f32(final_norm, E, "the final norm");
@@ -947,6 +1089,17 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   std::vector<float> dsx(2 * R * (widest / kGroup));
   float* dx = dsx.data();
   float* sx = dx + R * (widest / kGroup);
+  std::vector<int32_t> cx(w->product_scales.empty() ? 0 : R * (widest / kGroup));
+  // Product j (0 q/k/v, 1 o, 2 gate/up, 3 down) of layer l: R rows of `in` (K wide) -> n outputs.
+  auto layer_product = [&](int64_t l, int j, const float* in, int64_t K, int64_t n, float* out) {
+    const at::Tensor& wt = w->layers[6 * l + (j < 2 ? j + 1 : j + 2)];
+    if (w->product_scales.empty()) {
+      q4q8_rows(in, K, R, K, wt.data_ptr<uint8_t>(), n, out, n, qx.data(), dx, sx);
+    } else {
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(w->product_scales[4 * l + j].data_ptr<at::BFloat16>());
+      q8q8_block_rows(in, K, R, K, wt.data_ptr<int8_t>(), ws, n, out, n, qx.data(), dx, sx, cx.data());
+    }
+  };
   const float eps = static_cast<float>(w->eps);
   const float* mp = chain ? chain_mask.data() : mask_in.data_ptr<float>();
   for (int64_t r = 0; r < R; ++r) std::copy_n(w->embed.data_ptr<float>() + id[r] * E, E, x.data() + r * E);
@@ -955,7 +1108,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
     const at::Tensor* t = w->layers.data() + 6 * l;
     const int64_t cl = w->cache_layer[l];  // within keys: set_cache checked it
     each_row(R, [&](int64_t r) { rms_norm(x.data() + r * E, t[0].data_ptr<float>(), E, eps, xn.data() + r * E); });
-    q4q8_rows(xn.data(), E, R, E, t[1].data_ptr<uint8_t>(), QKV, qkv.data(), QKV, qx.data(), dx, sx);
+    layer_product(l, 0, xn.data(), E, QKV, qkv.data());
     each_row(R, [&](int64_t r) {
       float* row = qkv.data() + r * QKV;
       const float* c = cos.data_ptr<float>() + pos[r] * D;
@@ -976,14 +1129,14 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
           [&](int64_t, int64_t r) { return mp + r * W; },
           [&](int64_t h, int64_t r) { return att.data() + r * Q + h * D; });
     });
-    q4q8_rows(att.data(), Q, R, Q, t[2].data_ptr<uint8_t>(), E, tmp.data(), E, qx.data(), dx, sx);
+    layer_product(l, 1, att.data(), Q, E, tmp.data());
     each_row(R, [&](int64_t r) {
       for (int64_t i = r * E; i < (r + 1) * E; ++i) x[i] += tmp[i];
       rms_norm(x.data() + r * E, t[3].data_ptr<float>(), E, eps, xn.data() + r * E);
     });
-    q4q8_rows(xn.data(), E, R, E, t[4].data_ptr<uint8_t>(), 2 * I, gu.data(), 2 * I, qx.data(), dx, sx);
+    layer_product(l, 2, xn.data(), E, 2 * I, gu.data());
     each_row(R, [&](int64_t r) { silu_mul(gu.data() + r * 2 * I, gu.data() + r * 2 * I + I, act.data() + r * I, I); });
-    q4q8_rows(act.data(), I, R, I, t[5].data_ptr<uint8_t>(), E, tmp.data(), E, qx.data(), dx, sx);
+    layer_product(l, 3, act.data(), I, E, tmp.data());
     for (int64_t i = 0; i < R * E; ++i) x[i] += tmp[i];
     if (st && l + 1 < L) std::copy(x.begin(), x.end(), st + (l + 1) * R * E);
   }
@@ -1009,12 +1162,13 @@ TORCH_LIBRARY(pardec_avx2, m) {
   m.def("q8f32_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("q4q8_mm(Tensor x, Tensor w, int n) -> Tensor");
   m.def("q8q8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
+  m.def("q8q8_blocks_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scaling) -> Tensor");
   // Rows q4q8_mm multiplies per pass over a block's weights (this build's; `quant.row_tile`).
   m.def("q4q8_row_tile() -> int", []() -> int64_t { return kMaxRows; });
   m.class_<LlamaWeights>("LlamaWeights")
-      .def(torch::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>,
-                       std::vector<int64_t>, double, double>())
+      .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                       std::vector<int64_t>, std::vector<int64_t>, double, double>())
       .def("set_cache", &LlamaWeights::set_cache);
   m.def("llama_step(__torch__.torch.classes.pardec_avx2.LlamaWeights weights, Tensor ids, Tensor cos, Tensor sin, Tensor positions, "
         "Tensor mask, int start, Tensor? states, int logit_rows=0, int window=0) -> Tensor");
@@ -1024,6 +1178,7 @@ TORCH_LIBRARY_IMPL(pardec_avx2, CPU, m) {
   m.impl("q8f32_mm", &q8f32_mm);
   m.impl("q4q8_mm", &q4q8_mm);
   m.impl("q8q8_mm", &q8q8_mm);
+  m.impl("q8q8_blocks_mm", &q8q8_blocks_mm);
   m.impl("attention", &attention);
   m.impl("llama_step", &llama_step);
 }

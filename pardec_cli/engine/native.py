@@ -11,8 +11,9 @@ graph to compile.
 What qualifies (`native_reason` says why not): float32 on a CPU with the AVX2 library loaded;
 transformers' Llama decoder layers (the class is the definition of the arithmetic the op
 reproduces; another architecture, even one laid out alike, keeps the compiled graphs); every
-product on `quant.Int4Records` with float32 activations (``--weights q4q8``), q/k/v and gate/up
-each sharing one product (`quant.share_products`), no biases; SiLU; the output head on the
+product on `quant.Int4Records` with float32 activations (``--weights q4q8``), or every one on
+`quant.Q8Records` (``--weights q8q8``), q/k/v and gate/up each sharing one product
+(`quant.share_products`), no biases; SiLU; the output head on the
 AVX2 library (`quant.Int8F32Head`, as loads leave it, or `quant.F32Linear`). The rotary embedding is the model's own module: its cosines and sines
 for every position of the cache are computed once per capacity, whatever the RoPE scaling.
 
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from pardec_cli import kernels
-from pardec_cli.quant import RECORD_BLOCK, F32Linear, Int4Records, Int8F32Head
+from pardec_cli.quant import RECORD_BLOCK, F32Linear, Int4Records, Int8F32Head, Q8Records
 
 
 def native_reason(model: Any) -> str | None:
@@ -55,22 +56,24 @@ def native_reason(model: Any) -> str | None:
     head = model.get_output_embeddings()
     if not isinstance(head, (Int8F32Head, F32Linear)) or getattr(head, "bias", None) is not None:
         return "its output head is not on the AVX2 library"
+    kind = Q8Records if isinstance(layers[0].mlp.down_proj, Q8Records) else Int4Records
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if not _shared(attn.q_proj, attn.k_proj, attn.v_proj) or not _shared(mlp.gate_proj, mlp.up_proj):
-            return "its products are not q4q8 records shared per input"
-        if not all(_records(m) for m in (attn.o_proj, mlp.down_proj)):
-            return "its products are not q4q8 records"
+        if not _shared(kind, attn.q_proj, attn.k_proj, attn.v_proj) or not _shared(kind, mlp.gate_proj, mlp.up_proj):
+            return "its products are not q4q8 or q8q8 records shared per input"
+        if not all(_records(kind, m) for m in (attn.o_proj, mlp.down_proj)):
+            return "its products are not all q4q8 or all q8q8 records"
     return None
 
 
-def _records(m: Any) -> bool:
-    return isinstance(m, Int4Records) and m.activations == "float32" and m.bias is None
+def _records(kind: type, m: Any) -> bool:
+    """Whether `m` is a product the op takes: `kind` (q4q8 records with float32 activations, or q8q8 ones), no bias."""
+    return type(m) is kind and getattr(m, "activations", "float32") == "float32" and getattr(m, "bias", None) is None
 
 
-def _shared(*members: Any) -> bool:
-    """Whether `members` are q4q8 records sharing one product, in this order and nothing else."""
-    if not all(_records(m) and m.shared_columns is not None for m in members):
+def _shared(kind: type, *members: Any) -> bool:
+    """Whether `members` are `kind` records sharing one product, in this order and nothing else."""
+    if not all(_records(kind, m) and m.shared_columns is not None for m in members):
         return False
     whole = members[0].shared_blocks
     lo = 0
@@ -87,10 +90,13 @@ class NativeStep:
     def __init__(self, model: Any) -> None:
         decoder = model.model
         tensors: list[torch.Tensor] = []
+        scales: list[torch.Tensor] = []  # q8q8: each product's scales; q4q8 records hold their own
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
             tensors += [layer.input_layernorm.weight.detach(), attn.q_proj.shared_blocks, attn.o_proj.blocks,
                         layer.post_attention_layernorm.weight.detach(), mlp.gate_proj.shared_blocks, mlp.down_proj.blocks]
+            if isinstance(mlp.down_proj, Q8Records):
+                scales += [attn.q_proj.shared_scales, attn.o_proj.scales, mlp.gate_proj.shared_scales, mlp.down_proj.scales]
         first = decoder.layers[0]
         attn = first.self_attn
         head_dim = int(attn.head_dim)
@@ -99,10 +105,10 @@ class NativeStep:
         head = model.get_output_embeddings()
         none = torch.empty(0)
         # The head: int8 codes with their scales and smoothing (`quant.smoothed_int8`), or float32 rows.
-        smooth, codes, scales = (head.smooth, head.codes, head.scales) if isinstance(head, Int8F32Head) else (none, head.weight.detach(), none)
+        smooth, codes, head_scales = (head.smooth, head.codes, head.scales) if isinstance(head, Int8F32Head) else (none, head.weight.detach(), none)
         self.weights = torch.classes.pardec_avx2.LlamaWeights(
-            [t.contiguous() for t in tensors], decoder.embed_tokens.weight.detach().contiguous(), decoder.norm.weight.detach().contiguous(),
-            smooth, codes.contiguous(), scales, [int(layer.self_attn.layer_idx) for layer in decoder.layers],
+            [t.contiguous() for t in tensors], [t.contiguous() for t in scales], decoder.embed_tokens.weight.detach().contiguous(),
+            decoder.norm.weight.detach().contiguous(), smooth, codes.contiguous(), head_scales, [int(layer.self_attn.layer_idx) for layer in decoder.layers],
             [heads, kv_heads, head_dim, int(first.mlp.down_proj.in_features)], float(first.input_layernorm.variance_epsilon),
             float(attn.scaling),
         )

@@ -170,14 +170,18 @@ def runner_attention(model: Any, amx: bool | None = None) -> str:
     return attention
 
 
+#: What `quant.weights_label` calls layers that round their activations to int8 groups.
+ROUNDED_ACTIVATIONS = ("q4q8", "q8q8")
+
+
 def kv_dtype(model: Any) -> torch.dtype:
-    """The dtype of the runner's KV cache for `model`: float16 for q4q8
+    """The dtype of the runner's KV cache for `model`: float16 for q4q8 or q8q8
     layers in float32 on pardec's AVX2 kernels, as llama.cpp keeps its cache beside the same
     arithmetic: attention reads half the bytes (SmolLM2-135M at 300 tokens: 14.7 MB a step
     in float32, the largest read after the weights' 95 MB; docs/runner.md); elsewhere the
     model's dtype. The rows are rounded once, as they are written, by every step alike."""
     first = next(model.parameters())
-    if first.device.type == "cpu" and first.dtype == torch.float32 and weights_label(model) == "q4q8" and runner_attention(model) == KERNEL_ATTENTION:
+    if first.device.type == "cpu" and first.dtype == torch.float32 and weights_label(model) in ROUNDED_ACTIVATIONS and runner_attention(model) == KERNEL_ATTENTION:
         return torch.float16
     return first.dtype
 
@@ -376,9 +380,9 @@ class CompiledLanguageModel(LanguageModel):
         # capacity -> (the cache using these buffers, weakly; the buffers): a new cache takes
         # the buffers of a finished generation (see the module doc).
         self._spare: dict[int, tuple[weakref.ref[StaticKVCache], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
-        # Layers that round their activations to int8 (q4q8): a fused kernel's last-bit
+        # Layers that round their activations to int8 (q4q8, q8q8): a fused kernel's last-bit
         # difference flips some of those roundings, so a loaded step is checked as in 16 bits.
-        self._rounds_activations = weights_label(model) == "q4q8"
+        self._rounds_activations = weights_label(model) in ROUNDED_ACTIVATIONS
         self.kv_dtype = kv_dtype(model)
         # Where the model is what pardec's AVX2 library computes as one call per step
         # (`engine.native`), that call replaces the graphs: nothing to compile. `native`

@@ -191,6 +191,7 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pardec_cli.errors import PardecUsageError
     from pardec_cli.hardware import cpu_info
     from pardec_cli.hugepages import move_to_huge_pages
     from pardec_cli.quant import (head_on_records, lookup_only_embedding, pack_linears, quantize_head, quantize_linears,
@@ -205,17 +206,21 @@ def load_model(
     stored_blocks = is_quantized_dir(path)
     # float32 dense and int8 layers (and the head) go to pardec's AVX2 kernels where they are
     # built (`_avx2_kernels` starts their build otherwise: this run keeps torch's), and auto
-    # may then pick q4q8 for 4-bit blocks.
+    # may then pick q4q8 for 4-bit blocks and q8q8 for dense layers (`auto_native`).
     float32_cpu = device == "cpu" and dtype == "float32"
     avx2_ready = float32_cpu and weights in ("auto", "full", "int8") and _avx2_kernels(
-        blocks4=stored_blocks and weights == "auto")
+        blocks4=auto_native(stored_blocks, weights))
     mode = resolve_weights(weights, dtype=dtype, device=device, stored="q4" if stored_blocks else None, avx2=avx2_ready)
-    q4q8 = mode == "q4q8"
+    q4q8, q8q8 = mode == "q4q8", mode == "q8q8"
     if q4q8:  # int4 codes, on pardec's kernel with int8 activations (`_own_kernels`)
         mode = "int4"
     records = None
     ours = bf16_kernel_weights(mode)
-    if q4q8 or (ours and device == "cpu" and dtype == "bfloat16"):
+    if q8q8:  # int8 groups by int8 activations: the AVX2 library, built now if need be
+        if dtype != "float32":
+            raise PardecUsageError(f"--weights q8q8 computes in float32, not {dtype}", hint="use --dtype float32 or auto")
+        _avx2_now(device=device, notice=notice, weights="q8q8")
+    elif q4q8 or (ours and device == "cpu" and dtype == "bfloat16"):
         records = _own_kernels(device=device, dtype=dtype, q4q8=q4q8, notice=notice)
     with quiet_transformers():
         config = _load_config(path, model_type)
@@ -233,7 +238,7 @@ def load_model(
             kwargs["device_map"] = device
         try:
             if stored_blocks:  # its blocks were written by pardec itself, tensor by tensor
-                model, info = _load_quantized(path, config, dtype, device, mode, records), {}
+                model, info = _load_quantized(path, config, dtype, device, "full" if q8q8 else mode, records), {}
             else:
                 model, info = _from_pretrained(AutoModelForCausalLM, path, {**kwargs, "output_loading_info": True})
         except ModelLoadError:
@@ -259,10 +264,10 @@ def load_model(
                 f"cannot load the model in {path}: {first_line(exc)}", hint=_REDO_HINT
             ) from None
     check_loaded_weights(path, info)
-    if not stored_blocks:
+    if not stored_blocks or q8q8:  # q8q8 from a GGUF's blocks: dequantized exactly, then in groups of int8
         quantize_linears(model, mode)
-    # with q4q8 on the AVX2 library (loaded already), its head on int8 codes there too
-    avx2 = float32_cpu and (records == "float32" or (mode in ("full", "int8") and avx2_ready))
+    # with q4q8 or q8q8 on the AVX2 library (loaded already), its head on int8 codes there too
+    avx2 = q8q8 or (float32_cpu and (records == "float32" or (mode in ("full", "int8") and avx2_ready)))
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
         quantize_head(model, ours=records == "bfloat16", avx2=avx2)
     model.eval()
@@ -318,7 +323,7 @@ def _own_kernels(*, device: str, dtype: str, q4q8: bool, notice: Callable[[str],
         if not kernels.avx2_runs(flags):
             raise PardecUsageError("--weights q4q8 needs a CPU with AVX512-VNNI or AVX2 (and FMA, F16C)",
                                    hint="use --weights int4")  # fmt: skip
-        _build_now(kernels.build_dir(kernels_dir(), kernels.avx2_library(flags)), notice)
+        _avx2_now(device=device, notice=notice, weights="q4q8")
         return "float32"
     if not q4q8 and not kernels.enabled():
         return None
@@ -327,6 +332,22 @@ def _own_kernels(*, device: str, dtype: str, q4q8: bool, notice: Callable[[str],
         return None
     _build_now(directory, notice)
     return activations
+
+
+def _avx2_now(*, device: str, notice: Callable[[str], None] | None, weights: str) -> None:
+    """Load pardec's AVX2 library for `weights` ("q4q8", "q8q8": int8 activation groups on
+    it), building it first where need be; a device or CPU that cannot run it is an error."""
+    from pardec_cli import kernels
+    from pardec_cli.errors import PardecUsageError
+    from pardec_cli.hardware import cpu_info
+    from pardec_cli.home import kernels_dir
+
+    if device != "cpu":
+        raise PardecUsageError(f"--weights {weights} runs on a CPU, not on {device}", hint="use --weights int8, int4 or full")
+    flags = cpu_info().flags
+    if not kernels.avx2_runs(flags):
+        raise PardecUsageError(f"--weights {weights} needs a CPU with AVX2, FMA and F16C", hint="use --weights int8 or int4")
+    _build_now(kernels.build_dir(kernels_dir(), kernels.avx2_library(flags)), notice)
 
 
 def _build_now(directory: Path, notice: Callable[[str], None] | None) -> None:
@@ -345,6 +366,32 @@ def _build_now(directory: Path, notice: Callable[[str], None] | None) -> None:
     if not kernels.loaded(kernels.library_of(directory)):
         raise ModelLoadError(f"pardec's int4 kernels in {directory} do not load",
                              hint="remove that folder and try again, or use --weights int4")  # fmt: skip
+
+
+def auto_native(stored_blocks: bool, weights: str) -> bool:
+    """Whether `--weights` `weights` of a model stored so (`stored_blocks`: GGUF 4-bit blocks,
+    else dense) goes to the native step's AVX2 library wherever the CPU runs it: auto's q4q8
+    for 4-bit blocks; auto's q8q8 for dense layers, except on a CPU with AMX, whose bfloat16
+    tiles verify 16 tokens for little more than one (dense bfloat16 stays there, not
+    measured against q8q8)."""
+    from pardec_cli.hardware import cpu_info
+
+    return weights == "auto" and (stored_blocks or not cpu_info().has_amx_bf16)
+
+
+def native_auto(path: Path | None, weights: str = "auto", *, start: bool = False) -> bool:
+    """Whether `--dtype auto` loads the model in `path` in float32 for the native step
+    (`hardware.resolve_dtype`'s `blocks4`): it is kept as GGUF 4-bit blocks (`native_blocks`),
+    or it is dense, `weights` is auto and auto's q8q8 runs here (`auto_native`), and pardec's
+    AVX2 kernels are built. With `start`, a store without them starts their build in the
+    background for later loads (this one keeps its dtype)."""
+    from pardec_cli.store.quantized import is_quantized_dir
+
+    if path is None:
+        return False
+    if is_quantized_dir(path):
+        return native_blocks(path, start=start)
+    return auto_native(False, weights) and _avx2_kernels(blocks4=True, start=start)
 
 
 def native_blocks(path: Path | None, *, start: bool = False) -> bool:

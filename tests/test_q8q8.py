@@ -1,0 +1,239 @@
+"""``--weights q8q8``: int8 weights in groups of 32 with a scale each (llama.cpp's Q8_0) by
+int8 activation groups, on pardec's AVX2 library (`quant.Q8Records`,
+``pardec_avx2::q8q8_blocks_mm``), and a Llama decoder of them in the native step.
+
+Built once per test run with the AVX2 library (`tests.test_avx2_kernels.avx2_dir`); skipped
+on a CPU without AVX2 and FMA.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pardec_cli import kernels, quant
+from pardec_cli.errors import PardecUsageError
+from pardec_cli.quant import Q8Records
+from tests.test_avx2_kernels import LIBRARY, avx2_dir, compiled_steps_agree_and_methods_are_exact  # noqa: F401 (a fixture)
+from tests.test_exactness import random_prompt
+from tests.tiny_models import save_word_level_model, tiny_llama
+
+
+def q8_inputs(rows: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Activations x [rows, k], codes q [n, k] (-127..127) and scales d [n, k/32]; and the layer's
+    packed codes and scales as `Q8Records` holds them."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    d = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-4).to(torch.bfloat16)
+    return x, q, d, quant.pack_head(q)
+
+
+def packed_scales(d: torch.Tensor) -> torch.Tensor:
+    n, groups = d.shape
+    return d.view(n // 16, 16, groups).transpose(1, 2).contiguous()
+
+
+def test_q8_blocks_are_q8_0_codes_with_a_bfloat16_scale_per_group_of_32() -> None:
+    """d = max |w| / 127 rounded to bfloat16, codes round(w / d) within -127..127: each weight
+    within half a step (a clipped extreme within a step); an all-zero group has zero codes."""
+    w = torch.randn(32, 96, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 1, 96)
+    w[3, 32:64] = 0.0
+    codes, scales = quant.q8_blocks(w)
+    assert codes.dtype == torch.int8 and codes.shape == (32, 96) and scales.dtype == torch.bfloat16 and scales.shape == (32, 3)
+    assert codes.abs().max() <= 127 and not codes[3, 32:64].any()
+    d = scales.float().repeat_interleave(32, dim=1)
+    assert ((codes.float() * d - w).abs() <= d * 0.5 + 1e-12).float().mean() > 0.99
+    assert ((codes.float() * d - w).abs() <= d * 1.01 + 1e-12).all()
+    layer = Q8Records.from_weight(w)
+    assert layer is not None and torch.equal(layer.dequantize(), codes.float() * d)
+    assert Q8Records.from_weight(torch.randn(24, 64)) is None and Q8Records.from_weight(torch.randn(16, 40)) is None
+
+
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 16, 32), (3, 48, 96), (9, 64, 576), (17, 32, 64)])
+def test_q8q8_blocks_multiply_int8_groups_by_int8_activation_groups(avx2_dir: Path, rows: int, n: int, k: int) -> None:
+    """y[r, o] = sum_g d[o, g] d_x[r, g] (integer sum of codes by codes), the activation groups
+    quantized as q8q8_mm's (llama.cpp's Q8_0 by Q8_0); rows past a tile; each row the same bits
+    alone."""
+    x, q, d, blocks = q8_inputs(rows, n, k, seed=rows)
+    groups = x.view(rows, k // 32, 32)
+    dx = groups.abs().amax(-1) / 127
+    qx = torch.round(groups / dx[..., None]).clamp(-127, 127)
+    sums = torch.einsum("mgk,ngk->mng", qx.double(), q.view(n, k // 32, 32).double())  # exact integers
+    want = (sums * d.double()[None] * dx.double()[:, None, :]).sum(-1)
+    got = torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks, packed_scales(d))
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    assert all(torch.equal(torch.ops.pardec_avx2.q8q8_blocks_mm(x[i:i + 1], blocks, packed_scales(d))[0], got[i]) for i in range(rows))
+
+
+def test_a_q8q8_layer_multiplies_what_it_dequantizes_to_and_keeps_its_bias(avx2_dir: Path) -> None:
+    g = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(64, 48)
+    layer = Q8Records.from_weight(linear.weight, linear.bias)
+    assert layer is not None
+    x = torch.randn(2, 5, 64, generator=g)
+    want = torch.nn.functional.linear(x, layer.dequantize(), linear.bias)
+    got = layer(x)
+    assert got.shape == (2, 5, 48)
+    assert (got - want).norm() < 0.02 * want.norm()  # the activations' int8 rounding only
+
+
+def test_q8q8_s_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
+    x, _, d, blocks = q8_inputs(2, 32, 64)
+    scales = packed_scales(d)
+    for bad in (
+        lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x[:, :40], blocks, scales),  # K not the codes' groups
+        lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks.view(torch.uint8), scales),  # not int8 codes
+        lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks, scales.float()),  # scales not bfloat16
+        lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks, scales[:1]),  # too few scales
+        lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x[0], blocks, scales),  # not 2-D
+    ):
+        with pytest.raises(RuntimeError):
+            bad()
+
+
+def q8q8_llama(seed: int = 5) -> torch.nn.Module:
+    """A tiny Llama as a q8q8 load leaves it (`store.loading`): every product on `Q8Records`,
+    q/k/v and gate/up each sharing one, the head on the AVX2 int8 kernel."""
+    model = tiny_llama(seed, vocab=96, layers=2, hidden=64)
+    assert quant.quantize_linears(model, "q8q8") == 2 * 7 and quant.weights_label(model) == "q8q8"
+    quant.quantize_head(model, avx2=True)
+    assert quant.share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False)) == 2 * 2
+    return model
+
+
+def test_layers_of_one_input_share_one_q8q8_product_and_keep_their_own_outputs(avx2_dir: Path) -> None:
+    model = tiny_llama(5, vocab=96, layers=2, hidden=64)
+    quant.quantize_linears(model, "q8q8")
+    x = torch.randn(1, 3, 64, generator=torch.Generator().manual_seed(2))
+    attn = model.model.layers[0].self_attn
+    before = [m(x) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    quant.share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
+    assert attn.q_proj.shared_columns == (0, attn.q_proj.out_features)
+    assert attn.q_proj.shared_blocks is attn.v_proj.shared_blocks and attn.q_proj.shared_scales is attn.k_proj.shared_scales
+    assert all(torch.equal(m(x), b) for m, b in zip((attn.q_proj, attn.k_proj, attn.v_proj), before))
+
+
+def test_the_native_step_runs_a_q8q8_llama_and_keeps_every_method_exact(avx2_dir: Path, tmp_path: Path) -> None:
+    """One call per step over int8 groups: a token's logits the same bits in every step, every
+    method's greedy tokens plain decoding's, the cache in float16, nothing compiled."""
+    from pardec_cli.engine.native import native_reason
+
+    model = q8q8_llama()
+    assert native_reason(model) is None and quant.row_tile(model) == (8 if LIBRARY is kernels.AVX2_VNNI else 4)
+    runner = compiled_steps_agree_and_methods_are_exact(model, tmp_path, native=True)
+    assert runner.native is not None and runner.kv_dtype == torch.float16 and list(tmp_path.iterdir()) == []
+
+
+def test_the_native_q8q8_step_computes_what_the_eager_step_does(avx2_dir: Path) -> None:
+    from pardec_cli.engine.runner import CompiledLanguageModel
+
+    model = q8q8_llama()
+    native = CompiledLanguageModel(model, compile_missing=False)
+    eager = CompiledLanguageModel(model, compile_missing=False, native=False)
+    assert native.native is not None and eager.native is None
+    prompt, tokens = random_prompt(5), random_prompt(6)[:9]
+    with torch.inference_mode():
+        got, want = [], []
+        for runner, out in ((native, got), (eager, want)):
+            cache = runner.new_cache(64)
+            runner.forward(prompt, cache, last_only=True)
+            out.append(runner.forward(tokens[1:], cache, parents=(-1, -1, 0, 1, 1, 2, 3)))  # a tree
+    assert (got[0] - want[0]).norm() < 0.02 * want[0].norm()
+
+
+def test_a_native_step_takes_all_q4q8_or_all_q8q8_products_not_a_mix(avx2_dir: Path) -> None:
+    from pardec_cli.engine.native import native_reason
+    from tests.test_avx2_kernels import native_llama
+
+    mixed = q8q8_llama()
+    mixed.model.layers[1].mlp.down_proj = native_llama().model.layers[1].mlp.down_proj
+    assert native_reason(mixed) == "its products are not all q4q8 or all q8q8 records"
+    model = q8q8_llama()
+    weights = [torch.zeros(64), torch.zeros(16, 2, 512, dtype=torch.int8)]
+    with pytest.raises(RuntimeError, match="no scales, or 4 per layer"):
+        torch.classes.pardec_avx2.LlamaWeights(
+            weights * 3, [torch.zeros(1, 2, 16, dtype=torch.bfloat16)], model.model.embed_tokens.weight.detach(),
+            torch.ones(64), torch.empty(0), torch.zeros(96, 64), torch.empty(0), [0], [4, 2, 16, 128], 1e-5, 0.25)
+
+
+def test_q8q8_loads_a_model_in_float32_on_the_native_step(avx2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--weights q8q8`: every decoder product on `Q8Records`, the head on int8 codes, float32
+    (asked for or auto), the native step; another dtype or device is a usage error."""
+    from pardec_cli.engine.native import native_reason
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.store.loading import load_model
+
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    directory = kernels.build_dir(kernels_dir(), LIBRARY)  # the run's build, as the store's
+    directory.mkdir(parents=True)
+    (directory / f"{LIBRARY.name}.so").symlink_to(avx2_dir / f"{LIBRARY.name}.so")
+    path = save_word_level_model(tmp_path / "dense")
+    model, _ = load_model(path, dtype="float32", device="cpu", weights="q8q8")
+    assert quant.weights_label(model) == "q8q8" and quant.kernel_suffix(model) == "+pardec"
+    assert type(model.get_output_embeddings()) is quant.Int8F32Head and native_reason(model) is None
+    with pytest.raises(PardecUsageError, match="computes in float32"):
+        load_model(path, dtype="bfloat16", device="cpu", weights="q8q8")
+    with pytest.raises(PardecUsageError, match="runs on a CPU"):
+        load_model(path, dtype="float32", device="cuda", weights="q8q8")
+
+
+@pytest.mark.skipif(LIBRARY is not kernels.AVX2_VNNI, reason="this CPU lacks AVX512-VNNI")
+def test_the_vnni_build_multiplies_q8q8_blocks_to_the_same_bits_as_the_avx2_one(avx2_dir: Path, tmp_path: Path) -> None:
+    """VPDPBUSD on q + 128 less 128 times the activation codes' sum against VPMADDUBSW on |q|:
+    the same integers, then the same float steps per output (9 rows: a tile of 8 and one more
+    against tiles of 4; codes of -127 and 127)."""
+    other = kernels.build_dir(tmp_path / "kernels", kernels.AVX2)
+    x, q, d, _ = q8_inputs(9, 48, 256, seed=3)
+    q[:, :5], q[:, 5:9] = -127, 127
+    blocks, scales = quant.pack_head(q), packed_scales(d)
+    torch.save({"x": x, "q": blocks, "d": scales}, tmp_path / "inputs.pt")
+    ours = torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks, scales)
+    script = (
+        "import sys, torch\n"
+        "from pathlib import Path\n"
+        "from pardec_cli import kernels\n"
+        "kernels.build(Path(sys.argv[1]))\n"
+        "i = torch.load(sys.argv[2])\n"
+        "torch.save(torch.ops.pardec_avx2.q8q8_blocks_mm(i['x'], i['q'], i['d']), sys.argv[3])\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(other), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
+                   check=True, timeout=600)  # fmt: skip
+    assert torch.isfinite(ours).all() and torch.equal(ours, torch.load(tmp_path / "out.pt"))
+
+
+def test_auto_runs_a_dense_model_as_q8q8_in_float32_on_the_native_step_once_its_kernels_are_built(
+    avx2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--dtype and --weights auto on a dense model: a first load keeps the CPU's dtype and
+    starts the kernels' build in the background; once built, float32 q8q8 on the native step.
+    An AMX CPU keeps its bfloat16 (its tiles verify many tokens for the price of one); weights
+    asked for are kept."""
+    from pardec_cli import hardware
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.session import Session
+    from pardec_cli.store.loading import native_auto
+
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    path = save_word_level_model(tmp_path / "dense")
+    started: list[Path] = []
+    monkeypatch.setattr(kernels, "build_in_background", lambda directory: started.append(directory) or True)
+    assert not native_auto(path) and started == []  # doctor and tune ask without building
+    assert not native_auto(path, start=True) and started == [kernels.build_dir(kernels_dir(), LIBRARY)]
+    started[0].mkdir(parents=True)
+    (started[0] / f"{LIBRARY.name}.so").symlink_to(avx2_dir / f"{LIBRARY.name}.so")
+    assert native_auto(path) and not native_auto(path, "full") and not native_auto(None)
+    session = Session.load(str(path), compile="auto")
+    assert (session.dtype, session.weights) == ("float32", "q8q8")
+    assert session.target.native is not None  # type: ignore[attr-defined]
+    full = Session.load(str(path), compile="off", weights="full")
+    assert full.weights == "full" and full.dtype == hardware.resolve_dtype("auto", "cpu")
+    cpu = hardware.cpu_info()
+    amx = hardware.CpuInfo(cpu.model_name, cpu.logical_cores, frozenset(cpu.flags | {"amx_bf16", "amx_tile", "avx512_bf16"}))
+    monkeypatch.setattr(hardware, "cpu_info", lambda: amx)
+    assert not native_auto(path)
