@@ -211,7 +211,7 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
     # What `pardec gen --weights WEIGHTS` of a short reply runs: eager steps, or the native
     # step where the model is one it takes (`engine.native`; known for sure once loaded).
     from pardec_cli.weight_modes import resolve_weights
-    from pardec_cli.store.quantized import is_quantized_dir
+    from pardec_cli.store.quantized import is_quantized_dir, stored_kind
 
     from pardec_cli.store.loading import auto_native
 
@@ -220,7 +220,7 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
     wanted = kernels_now["blocks4"] if auto_native(blocks4, weights) else kernels_now["float32"]
     avx2 = (hardware.device == "cpu" and hardware.dtype == "float32" and kernels_now["enabled"] and wanted
             and kernels_now["avx2_status"] == "built")  # fmt: skip
-    held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device, stored="q4" if blocks4 else None,
+    held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device, stored=stored_kind(path),
                            avx2=avx2)  # fmt: skip
     runner = "native" if held in ("q4q8", "q8q8") and avx2 and _native_expected(summary) else "eager"
     step = step_kind(hardware.dtype, held + _kernel_suffix(hardware, held, kernels_now, avx2=avx2), runner)

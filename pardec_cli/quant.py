@@ -616,8 +616,8 @@ class Q8Records(nn.Module):
     group): w = q * d, llama.cpp's Q8_0. Multiplied by pardec's AVX2 library
     (``pardec_avx2::q8q8_blocks_mm``) with the activations quantized to int8 in the same
     groups (Q8_0 by Q8_0; ``--weights q8q8``), each row computed alone. `blocks` int8
-    [N/16, K/32, 512] (`pack_head`'s layout), `scales` bfloat16 [N/16, K/32, 16]
-    (`q8_blocks`): float32's range, widened exactly. About 1.06 bytes a weight, half of
+    [N/16, K/32, 512] (`pack_head`'s layout), `scales` float16 [N/16, K/32, 16] (`q8_blocks`,
+    or a GGUF's Q8_0 blocks as they are: `from_codes`). About 1.06 bytes a weight, half of
     bfloat16; the native step (`engine.native`) runs a Llama decoder of these in one call.
     """
 
@@ -639,10 +639,18 @@ class Q8Records(nn.Module):
         if weight.device.type != "cpu" or n % RECORD_BLOCK or k % RECORD_GROUP:
             return None
         codes, scales = q8_blocks(weight)
-        blocks = pack_head(codes)
+        return cls.from_codes(codes, scales, bias=None if bias is None else bias.detach())
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None) -> Q8Records | None:
+        """From Q8_0 codes int8 [N, K] and float16 scales [N, K/32] (w = q * d), kept exactly;
+        None where the kernel cannot take the shape."""
+        n, k = codes.shape
+        if codes.device.type != "cpu" or n % RECORD_BLOCK or k % RECORD_GROUP:
+            return None
         # [N, G] -> [N/16, G, 16]: a block's 16 outputs side by side, group after group
-        packed = scales.view(n // RECORD_BLOCK, RECORD_BLOCK, k // RECORD_GROUP).transpose(1, 2).contiguous()
-        return cls(blocks, packed, in_features=k, out_features=n, bias=None if bias is None else bias.detach())
+        packed = scales.to(torch.float16).view(n // RECORD_BLOCK, RECORD_BLOCK, k // RECORD_GROUP).transpose(1, 2).contiguous()
+        return cls(pack_head(codes), packed, in_features=k, out_features=n, bias=bias)
 
     def dequantize(self) -> torch.Tensor:
         """The dense weight W [out, in] float32 (w = q * d)."""
@@ -668,12 +676,13 @@ class Q8Records(nn.Module):
 
 
 def q8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A dense [N, K] weight (K a multiple of 32) as Q8_0: codes int8 [N, K] in -127..127 and
-    one bfloat16 scale per (output, group of 32 inputs), [N, K/32], d = max |w| / 127 rounded
-    to bfloat16, each code round(w / d) with that rounded d."""
+    """A dense [N, K] weight (K a multiple of 32) as llama.cpp's Q8_0: codes int8 [N, K] in
+    -127..127 and one float16 scale per (output, group of 32 inputs), [N, K/32], d = max |w| /
+    127 rounded to float16, each code round(w / d) with that rounded d."""
     n, k = weight.shape
     groups = weight.detach().float().reshape(n, k // RECORD_GROUP, RECORD_GROUP)
-    scales = (groups.abs().amax(dim=-1) / 127.0).to(torch.bfloat16)  # [N, G]
+    top = torch.finfo(torch.float16).max
+    scales = (groups.abs().amax(dim=-1) / 127.0).clamp(max=top).to(torch.float16)  # [N, G]
     d = scales.float().clamp(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
     codes = torch.round(groups / d).clamp(-127, 127).to(torch.int8).reshape(n, k)
     return codes, scales

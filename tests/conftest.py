@@ -139,3 +139,21 @@ def tiny_as_embedded(tiny_cli_model: Path, isolated_home: Path) -> Path:
     shutil.copytree(tiny_cli_model, target)
     write_marker(target, source="gguf", stored="dense", dtype="float32")
     return target
+
+
+@pytest.fixture(scope="session")
+def avx2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pardec's AVX2 library (this CPU's build of it), built once for the test run and loaded
+    into this process; skips on a CPU without AVX2 and FMA. Here, not in a test module: a
+    session fixture imported into two modules is built twice, and a second library of the
+    same name does not load."""
+    from pardec_cli import kernels
+    from pardec_cli.hardware import cpu_info
+
+    flags = cpu_info().flags
+    if not kernels.avx2_runs(flags):
+        pytest.skip("this CPU lacks AVX2 and FMA")
+    directory = kernels.build_dir(tmp_path_factory.mktemp("kernels"), kernels.avx2_library(flags))
+    kernels.build(directory)
+    assert kernels.load(directory) and kernels.loaded(kernels.AVX2)
+    return directory

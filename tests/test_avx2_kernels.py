@@ -27,17 +27,6 @@ AVX2 = kernels.avx2_runs(cpu_info().flags)
 LIBRARY = kernels.avx2_library(cpu_info().flags)  # this CPU's build of it (with VNNI where it has it)
 
 
-@pytest.fixture(scope="session")
-def avx2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The AVX2 library, built once for the test run and loaded into this process."""
-    if not AVX2:
-        pytest.skip("this CPU lacks AVX2 and FMA")
-    directory = kernels.build_dir(tmp_path_factory.mktemp("kernels"), LIBRARY)
-    kernels.build(directory)
-    assert kernels.load(directory) and kernels.loaded(kernels.AVX2)
-    return directory
-
-
 def weights(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x-free inputs: a float32 weight [n, k], int8 codes [n, k] and their scales [n]."""
     g = torch.Generator().manual_seed(seed)

@@ -2,8 +2,8 @@
 int8 activation groups, on pardec's AVX2 library (`quant.Q8Records`,
 ``pardec_avx2::q8q8_blocks_mm``), and a Llama decoder of them in the native step.
 
-Built once per test run with the AVX2 library (`tests.test_avx2_kernels.avx2_dir`); skipped
-on a CPU without AVX2 and FMA.
+On the AVX2 library built once per test run (`avx2_dir`, tests/conftest.py); skipped on a
+CPU without AVX2 and FMA.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from pardec_cli import kernels, quant
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.quant import Q8Records
-from tests.test_avx2_kernels import LIBRARY, avx2_dir, compiled_steps_agree_and_methods_are_exact  # noqa: F401 (a fixture)
+from tests.test_avx2_kernels import LIBRARY, compiled_steps_agree_and_methods_are_exact
 from tests.test_exactness import random_prompt
 from tests.tiny_models import save_word_level_model, tiny_llama
 
@@ -29,7 +29,7 @@ def q8_inputs(rows: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, t
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=g)
     q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
-    d = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-4).to(torch.bfloat16)
+    d = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-4).to(torch.float16)
     return x, q, d, quant.pack_head(q)
 
 
@@ -38,13 +38,13 @@ def packed_scales(d: torch.Tensor) -> torch.Tensor:
     return d.view(n // 16, 16, groups).transpose(1, 2).contiguous()
 
 
-def test_q8_blocks_are_q8_0_codes_with_a_bfloat16_scale_per_group_of_32() -> None:
-    """d = max |w| / 127 rounded to bfloat16, codes round(w / d) within -127..127: each weight
+def test_q8_blocks_are_q8_0_codes_with_a_float16_scale_per_group_of_32() -> None:
+    """d = max |w| / 127 rounded to float16, codes round(w / d) within -127..127: each weight
     within half a step (a clipped extreme within a step); an all-zero group has zero codes."""
     w = torch.randn(32, 96, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 1, 96)
     w[3, 32:64] = 0.0
     codes, scales = quant.q8_blocks(w)
-    assert codes.dtype == torch.int8 and codes.shape == (32, 96) and scales.dtype == torch.bfloat16 and scales.shape == (32, 3)
+    assert codes.dtype == torch.int8 and codes.shape == (32, 96) and scales.dtype == torch.float16 and scales.shape == (32, 3)
     assert codes.abs().max() <= 127 and not codes[3, 32:64].any()
     d = scales.float().repeat_interleave(32, dim=1)
     assert ((codes.float() * d - w).abs() <= d * 0.5 + 1e-12).float().mean() > 0.99
@@ -89,7 +89,7 @@ def test_q8q8_s_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
     for bad in (
         lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x[:, :40], blocks, scales),  # K not the codes' groups
         lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks.view(torch.uint8), scales),  # not int8 codes
-        lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks, scales.float()),  # scales not bfloat16
+        lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks, scales.float()),  # scales not float16
         lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks, scales[:1]),  # too few scales
         lambda: torch.ops.pardec_avx2.q8q8_blocks_mm(x[0], blocks, scales),  # not 2-D
     ):
@@ -158,7 +158,7 @@ def test_a_native_step_takes_all_q4q8_or_all_q8q8_products_not_a_mix(avx2_dir: P
     weights = [torch.zeros(64), torch.zeros(16, 2, 512, dtype=torch.int8)]
     with pytest.raises(RuntimeError, match="no scales, or 4 per layer"):
         torch.classes.pardec_avx2.LlamaWeights(
-            weights * 3, [torch.zeros(1, 2, 16, dtype=torch.bfloat16)], model.model.embed_tokens.weight.detach(),
+            weights * 3, [torch.zeros(1, 2, 16, dtype=torch.float16)], model.model.embed_tokens.weight.detach(),
             torch.ones(64), torch.empty(0), torch.zeros(96, 64), torch.empty(0), [0], [4, 2, 16, 128], 1e-5, 0.25)
 
 
@@ -237,3 +237,33 @@ def test_auto_runs_a_dense_model_as_q8q8_in_float32_on_the_native_step_once_its_
     amx = hardware.CpuInfo(cpu.model_name, cpu.logical_cores, frozenset(cpu.flags | {"amx_bf16", "amx_tile", "avx512_bf16"}))
     monkeypatch.setattr(hardware, "cpu_info", lambda: amx)
     assert not native_auto(path)
+
+
+def test_a_q8_0_gguf_keeps_its_blocks_and_auto_runs_them_as_q8q8_on_the_native_step(
+    avx2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GGUF of Q8_0 linears is stored as its blocks ("q8"); q8q8 takes their codes and
+    float16 scales exactly (not requantized, and never to 4 bits), and auto runs them in
+    float32 on the native step once the kernels are built."""
+    from pardec_cli.session import Session
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+    from pardec_cli.store.quantized import stored_kind
+    from tests.test_quant import write_tiny_gguf
+
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    gguf = tmp_path / "tiny.Q8_0.gguf"
+    write_tiny_gguf(gguf, linears="Q8_0")
+    path = import_gguf(gguf, "tiny-q8")
+    assert stored_kind(path) == "q8"
+    full, _ = load_model(path, dtype="float32", device="cpu", weights="full")
+    kept, _ = load_model(path, dtype="float32", device="cpu", weights="q8q8")
+    layer = kept.model.layers[1].mlp.down_proj
+    assert isinstance(layer, Q8Records) and torch.equal(layer.dequantize(), full.model.layers[1].mlp.down_proj.weight)
+    from pardec_cli.home import kernels_dir
+
+    directory = kernels.build_dir(kernels_dir(), LIBRARY)
+    directory.mkdir(parents=True)
+    (directory / f"{LIBRARY.name}.so").symlink_to(avx2_dir / f"{LIBRARY.name}.so")
+    session = Session.load("tiny-q8", compile="auto")
+    assert (session.dtype, session.weights, session.runner) == ("float32", "q8q8", "native")

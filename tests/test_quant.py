@@ -343,9 +343,10 @@ def test_weights_modes_resolve_and_a_bad_one_is_a_usage_error() -> None:
 TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("!"), ord("!") + 93)]  # 96 tokens
 
 
-def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2) -> dict[str, np.ndarray]:
-    """A tiny llama GGUF (Q4_1 linears, Q8_0 embedding, F32 norms); returns the float
-    weights written, by GGUF name, before quantization."""
+def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: str = "Q4_1") -> dict[str, np.ndarray]:
+    """A tiny llama GGUF (Q4_1 linears, or `linears` another GGUF type's name; Q8_0
+    embedding, F32 norms); returns the float weights written, by GGUF name, before
+    quantization."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -385,7 +386,7 @@ def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2) -> dict[st
         for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
                             ("attn_output", (hidden, hidden)), ("ffn_gate", (2 * hidden, hidden)),
                             ("ffn_up", (2 * hidden, hidden)), ("ffn_down", (hidden, 2 * hidden))]:  # fmt: skip
-            add(f"blk.{i}.{name}.weight", shape, T.Q4_1)
+            add(f"blk.{i}.{name}.weight", shape, getattr(T, linears))
     add("output_norm.weight", (hidden,), T.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -59,19 +59,22 @@ def model_options(f: F) -> F:
     f = click.option(
         "--dtype", default="auto", show_default=True,
         type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-        help="Weights and compute dtype. auto: on a CPU, float32 for a GGUF 4-bit model once pardec's kernels "
-        "for it are built (q4q8 in one native call per step, the fastest step measured, AVX512 or not); else "
-        "bfloat16 where the hardware runs it fast (CUDA with bf16, a CPU with AMX or AVX512-bf16), else "
-        "float32. Greedy output is bit-exact only in float32.",
+        help="Weights and compute dtype. auto: on a CPU, float32 where auto's weights run on pardec's native "
+        "step once its kernels are built (a GGUF 4-bit model as q4q8; a dense or Q8_0 model as q8q8, except "
+        "on AMX CPUs; one native call per step, the fastest step measured, AVX512 or not); else bfloat16 "
+        "where the hardware runs it fast (CUDA with bf16, a CPU with AMX or AVX512-bf16), else float32. "
+        "Greedy output is bit-exact only in float32.",
     )(f)
     f = click.option(
         "--weights", default="auto", show_default=True, type=click.Choice(WEIGHT_MODES),
         help="How the decoder's weights are held. full: dense, in the --dtype; int8: 8-bit per channel; int4: "
         "4-bit in groups of 32 (fewer bytes read per token, slightly different output); q4q8: int4 weights "
         "by 8-bit activations, as llama.cpp multiplies Q4_1 (CPUs with AVX512-VNNI or AVX2: faster steps, "
-        "further from the full model; pardec compiles its kernel once, ~20 s). On a CPU all three also take "
-        "the output head's product in int8. auto: what measured fastest for the --dtype on a CPU (q4q8 only "
-        "for a GGUF 4-bit model in float32 on a CPU with AVX2, once pardec's kernels are built), dense on GPUs.",
+        "further from the full model; pardec compiles its kernel once, ~20 s); q8q8: 8-bit weights in groups "
+        "of 32 by 8-bit activations, llama.cpp's Q8_0 (float32 on a CPU with AVX2: half the bytes of "
+        "bfloat16, nearer the full model than q4q8). On a CPU all of them also take the output head's "
+        "product in int8. auto: what measured fastest for the --dtype on a CPU (in float32 once pardec's "
+        "kernels are built: q4q8 for a GGUF 4-bit model, q8q8 for a dense or Q8_0 one), dense on GPUs.",
     )(f)
     f = click.option(
         "-m", "--model", "model", default=None, metavar="MODEL", shell_complete=complete_model,

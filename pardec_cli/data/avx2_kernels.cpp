@@ -530,9 +530,9 @@ void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const floa
 
 // ---- int8 weights in groups of 32 with a scale per (output, group), by int8 activation
 // groups: llama.cpp's Q8_0 by Q8_0 (`--weights q8q8`, `quant.Q8Records`). Codes as the
-// head's records (`quant.pack_head`: [N/16, K/32, 512]); scales bfloat16 [N/16, K/32, 16]
-// (float32's range, widened exactly by a shift), a stream of their own so that each record
-// of codes stays on whole cache lines. A group's integer sums are exact, as the head's,
+// head's records (`quant.pack_head`: [N/16, K/32, 512]); scales float16 [N/16, K/32, 16]
+// (Q8_0's own), a stream of their own so that each record of codes stays on whole cache
+// lines. A group's integer sums are exact, as the head's,
 // and each (row, output) adds its groups in order, d_w * d_x times the sum: both builds
 // give the same bits, and a row's result does not depend on the rows beside it.
 constexpr int64_t kQ8Prefetch = 32;  // records ahead, into L2 (as q4q8's)
@@ -550,7 +550,7 @@ void q8_block_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t
     _mm_prefetch(reinterpret_cast<const char*>(ws + (g + kQ8Prefetch) * kBlock), _MM_HINT_T1);
     __m512i u[8];  // q + 128
     for (int p = 0; p < 8; ++p) u[p] = _mm512_xor_si512(_mm512_loadu_si512(rec + 64 * p), flip);
-    const __m512 d = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g * kBlock))), 16));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g * kBlock)));
     for (int r = 0; r < R; ++r) {
       const int8_t* x = qx + r * K + g * kGroup;
       __m512i s0 = _mm512_set1_epi32(cx[r * G + g]), s1 = _mm512_setzero_si512();  // two chains of 4
@@ -577,8 +577,7 @@ void q8_block_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t
       const int8_t* h = rec + 32 * half;
       __m256i a[8];  // |q|
       for (int p = 0; p < 8; ++p) a[p] = _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p)));
-      const __m256 d = _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * kBlock + 8 * half))), 16));
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * kBlock + 8 * half)));
       for (int r = 0; r < R; ++r) {
         const int8_t* x = qx + r * K + g * kGroup;
         __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
@@ -627,9 +626,9 @@ void check_q8_blocks(const at::Tensor& w, const at::Tensor& ws, int64_t n, int64
   TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 3 && w.size(0) == n / kBlock && n % kBlock == 0 &&
               w.size(1) == k / kGroup && w.size(2) == kHeadRecord && w.device().is_cpu(), what, ": codes ", w.sizes(),
               " are not int8 [n/16, K/32, 512] for ", n, " x ", k, " weights");
-  TORCH_CHECK(ws.scalar_type() == at::kBFloat16 && ws.is_contiguous() && ws.dim() == 3 && ws.size(0) == w.size(0) &&
+  TORCH_CHECK(ws.scalar_type() == at::kHalf && ws.is_contiguous() && ws.dim() == 3 && ws.size(0) == w.size(0) &&
               ws.size(1) == w.size(1) && ws.size(2) == kBlock && ws.device().is_cpu(), what, ": scales ", ws.sizes(),
-              " are not bfloat16 [n/16, K/32, 16]");
+              " are not float16 [n/16, K/32, 16]");
 }
 
 // x [M, K] (any float dtype) by `quant.Q8Records`' codes and scales -> [M, n] float32.
@@ -644,7 +643,7 @@ at::Tensor q8q8_blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at:
   std::vector<int8_t> qx(M * K);
   std::vector<float> dx(M * (K / kGroup)), sx(M * (K / kGroup));
   std::vector<int32_t> cx(M * (K / kGroup));
-  q8q8_block_rows(x.data_ptr<float>(), K, M, K, w.data_ptr<int8_t>(), reinterpret_cast<const uint16_t*>(ws.data_ptr<at::BFloat16>()), n,
+  q8q8_block_rows(x.data_ptr<float>(), K, M, K, w.data_ptr<int8_t>(), reinterpret_cast<const uint16_t*>(ws.data_ptr<at::Half>()), n,
                   y.data_ptr<float>(), n, qx.data(), dx.data(), sx.data(), cx.data());
   return y;
 }
@@ -897,7 +896,7 @@ struct LlamaWeights : torch::CustomClassHolder {
   // down records [E/16, I/32, 320]; or the four products as int8 codes [n/16, k/32, 512]
   // (q8q8: `quant.Q8Records`), their scales in `product_scales`.
   std::vector<at::Tensor> layers;
-  // Empty (q4q8 records), or per layer the bfloat16 scales [n/16, k/32, 16] of its four
+  // Empty (q4q8 records), or per layer the float16 scales [n/16, k/32, 16] of its four
   // int8 products (q/k/v, o, gate/up, down).
   std::vector<at::Tensor> product_scales;
   at::Tensor embed;       // [V_in, E] float32
@@ -1096,7 +1095,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
     if (w->product_scales.empty()) {
       q4q8_rows(in, K, R, K, wt.data_ptr<uint8_t>(), n, out, n, qx.data(), dx, sx);
     } else {
-      const uint16_t* ws = reinterpret_cast<const uint16_t*>(w->product_scales[4 * l + j].data_ptr<at::BFloat16>());
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(w->product_scales[4 * l + j].data_ptr<at::Half>());
       q8q8_block_rows(in, K, R, K, wt.data_ptr<int8_t>(), ws, n, out, n, qx.data(), dx, sx, cx.data());
     }
   };

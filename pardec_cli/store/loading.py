@@ -197,7 +197,7 @@ def load_model(
     from pardec_cli.quant import (head_on_records, lookup_only_embedding, pack_linears, quantize_head, quantize_linears,
                                   share_products, use_avx2, use_records)
     from pardec_cli.weight_modes import resolve_weights
-    from pardec_cli.store.quantized import is_quantized_dir
+    from pardec_cli.store.quantized import is_quantized_dir, stored_kind
 
     path = Path(path)
     raw_config = check_model_files(path)
@@ -210,7 +210,7 @@ def load_model(
     float32_cpu = device == "cpu" and dtype == "float32"
     avx2_ready = float32_cpu and weights in ("auto", "full", "int8") and _avx2_kernels(
         blocks4=auto_native(stored_blocks, weights))
-    mode = resolve_weights(weights, dtype=dtype, device=device, stored="q4" if stored_blocks else None, avx2=avx2_ready)
+    mode = resolve_weights(weights, dtype=dtype, device=device, stored=stored_kind(path), avx2=avx2_ready)
     q4q8, q8q8 = mode == "q4q8", mode == "q8q8"
     if q4q8:  # int4 codes, on pardec's kernel with int8 activations (`_own_kernels`)
         mode = "int4"
@@ -238,7 +238,7 @@ def load_model(
             kwargs["device_map"] = device
         try:
             if stored_blocks:  # its blocks were written by pardec itself, tensor by tensor
-                model, info = _load_quantized(path, config, dtype, device, "full" if q8q8 else mode, records), {}
+                model, info = _load_quantized(path, config, dtype, device, mode, records), {}
             else:
                 model, info = _from_pretrained(AutoModelForCausalLM, path, {**kwargs, "output_loading_info": True})
         except ModelLoadError:
@@ -264,7 +264,7 @@ def load_model(
                 f"cannot load the model in {path}: {first_line(exc)}", hint=_REDO_HINT
             ) from None
     check_loaded_weights(path, info)
-    if not stored_blocks or q8q8:  # q8q8 from a GGUF's blocks: dequantized exactly, then in groups of int8
+    if not stored_blocks:
         quantize_linears(model, mode)
     # with q4q8 or q8q8 on the AVX2 library (loaded already), its head on int8 codes there too
     avx2 = q8q8 or (float32_cpu and (records == "float32" or (mode in ("full", "int8") and avx2_ready)))

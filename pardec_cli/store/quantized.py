@@ -46,6 +46,19 @@ def is_quantized_dir(path: Path) -> bool:
     return (Path(path) / QUANT_FILE).is_file()
 
 
+def stored_kind(path: Path) -> str | None:
+    """How the model in `path` is stored, as `weight_modes.resolve_weights` weighs it: "q4"
+    where any of its kept GGUF blocks are 4-bit, "q8" where all are Q8_0, None for dense
+    weights (or a layout that cannot be read: loading says what is wrong with it)."""
+    if not is_quantized_dir(path):
+        return None
+    try:
+        kinds = set(json.loads((Path(path) / QUANT_FILE).read_text("utf-8"))["tensors"].values())
+    except (OSError, ValueError, KeyError, AttributeError):
+        return "q4"
+    return "q8" if kinds == {"q8"} else "q4"
+
+
 # -------------------------------------------------------------------- GGUF blocks
 
 
@@ -182,15 +195,16 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
     """Build the model of a directory stored by `convert_gguf_quantized`.
 
     `weights` is "full" (every block dequantized exactly, then cast to `dtype`), "int8"
-    (requantized per channel by `quantize_linears`) or "int4" (Q4 codes packed straight
+    (requantized per channel by `quantize_linears`), "int4" (Q4 codes packed straight
     into `Int4Linear`, without a round trip through float weights; with `records` set,
     into `Int4Records` multiplying those activations, with the GGUF's float16 scales and
-    minimums exactly, where its kernels take the layer).
+    minimums exactly, where its kernels take the layer) or "q8q8" (Q8_0 codes and scales
+    straight into `Q8Records`; other blocks dequantized, then in Q8_0 groups).
     """
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from pardec_cli.quant import Int4Linear, Int4Records, quantize_linears
+    from pardec_cli.quant import Int4Linear, Int4Records, Q8Records, decoder_linears, quantize_linears
 
     try:
         layout = json.loads((Path(path) / QUANT_FILE).read_text("utf-8"))["tensors"]
@@ -206,6 +220,7 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     state: dict[str, torch.Tensor] = {}
     prepared: dict[str, nn.Module] = {}
+    linears = {name for name, _ in decoder_linears(model)}  # not the embedding, nor the head
     for name, kind in layout.items():
         parts = {key.rsplit(".", 1)[1]: t for key, t in stored.items() if key.rsplit(".", 1)[0] == name}
         module_name = name.removesuffix(".weight")
@@ -215,6 +230,11 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
             layer = None if records is None else Int4Records.from_codes(codes, scale, minimum, activations=records)
             prepared[module_name] = layer or Int4Linear.from_codes(codes, scale, minimum, group_size=BLOCK, dtype=dtype)
             continue
+        if weights == "q8q8" and kind == "q8" and module_name in linears:
+            q8 = Q8Records.from_codes(parts["q8_codes"], parts["q8_scale"])
+            if q8 is not None:
+                prepared[module_name] = q8
+                continue
         state[name] = dequantize_stored(kind, parts).to(dtype)
     for name, tensor in stored.items():
         if name.rsplit(".", 1)[0] not in layout:
@@ -223,7 +243,7 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
     # until tie_weights and quantize_linears fill them.
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
-    quantize_linears(model, weights if weights in ("int8", "int4") else "full", prepared=prepared)
+    quantize_linears(model, weights if weights in ("int8", "int4", "q8q8") else "full", prepared=prepared)
     leftover = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if leftover:
         raise ModelLoadError(f"the quantized model in {path} lacks {leftover[0]}", hint="import the GGUF file again")
