@@ -184,6 +184,12 @@ def test_use_avx2_puts_float32_layers_and_the_head_on_the_kernel_over_their_own_
     assert use_avx2(model) == 0
 
 
+def built_in(directory: Path, avx2_dir: Path) -> None:
+    """Make `directory` (a store's build directory of this CPU's library) hold the run's build."""
+    directory.mkdir(parents=True)
+    (directory / f"{LIBRARY.name}.so").symlink_to(avx2_dir / f"{LIBRARY.name}.so")
+
+
 def compiled_steps_agree_and_methods_are_exact(model: torch.nn.Module, step_dir: Path, *, native: bool = False) -> Any:
     """Compile `model`'s steps (or with `native`, run them as `engine.native`'s one call);
     a token's logits must be the same bits in its one-token step and as a row of 2, 8 and
@@ -319,6 +325,16 @@ def native_llama(seed: int = 5, head: str = "int8") -> torch.nn.Module:
     return model
 
 
+def q8q8_llama(seed: int = 5) -> torch.nn.Module:
+    """A tiny Llama as a q8q8 load leaves it (`store.loading`): every product on `Q8Records`,
+    q/k/v and gate/up each sharing one, the head on the AVX2 int8 kernel."""
+    model = tiny_llama(seed, vocab=96, layers=2, hidden=64)
+    assert quant.quantize_linears(model, "q8q8") == 2 * 7 and quant.weights_label(model) == "q8q8"
+    quant.quantize_head(model, avx2=True)
+    assert quant.share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False)) == 2 * 2
+    return model
+
+
 def test_the_native_step_runs_a_q4q8_llama_without_compiling_and_keeps_every_method_exact(avx2_dir: Path, tmp_path: Path) -> None:
     """One call per step (`engine.native`): the same bits for a token in every step, every
     method's greedy tokens plain decoding's, and no graph compiled or saved."""
@@ -330,14 +346,14 @@ def test_the_native_step_runs_a_q4q8_llama_without_compiling_and_keeps_every_met
     assert runner.native is not None and runner.graph_states() == {} and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("head", ["int8", "float32"])
-def test_the_native_step_computes_what_the_eager_step_does(avx2_dir: Path, head: str) -> None:
+@pytest.mark.parametrize("weights", ["q4q8", "q4q8, float32 head", "q8q8"])
+def test_the_native_step_computes_what_the_eager_step_does(avx2_dir: Path, weights: str) -> None:
     """Logits and the hidden states Medusa and EAGLE read, against transformers' eager step
     over the same static cache (the same weights and kernels; the norms, RoPE and SiLU in
     another order of float operations, so not the same bits)."""
     from pardec_cli.engine.runner import CompiledLanguageModel
 
-    model = native_llama(head=head)
+    model = q8q8_llama() if weights == "q8q8" else native_llama(head="float32" if "float32" in weights else "int8")
     native = CompiledLanguageModel(model, compile_missing=False)
     eager = CompiledLanguageModel(model, compile_missing=False, native=False)  # no saved graphs: eager steps
     assert native.native is not None and eager.native is None
@@ -844,8 +860,7 @@ def test_auto_runs_a_gguf_s_4_bit_blocks_in_float32_on_the_native_step_once_its_
     monkeypatch.setattr(kernels, "build_in_background", lambda directory: started.append(directory) or True)
     assert not native_blocks(path) and started == []  # doctor and tune ask without building
     assert not native_blocks(path, start=True) and started == [kernels.build_dir(kernels_dir(), LIBRARY)]
-    started[0].mkdir(parents=True)
-    (started[0] / f"{LIBRARY.name}.so").symlink_to(avx2_dir / f"{LIBRARY.name}.so")
+    built_in(started[0], avx2_dir)
     assert native_blocks(path)
     session = Session.load("tiny-q", compile="auto")
     assert (session.dtype, session.weights) == ("float32", "q4q8")
@@ -930,7 +945,6 @@ def test_the_vnni_build_gives_the_same_bits_as_the_avx2_one(avx2_dir: Path, tmp_
     512-bit kernels do per lane what the 256-bit ones do: q4q8 and the int8 head (9 rows: a
     tile of 8 and one more against tiles of 4) give the same bits from either build
     (the other build runs in a process of its own: both register pardec_avx2)."""
-    other = kernels.build_dir(tmp_path / "kernels", kernels.AVX2)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(9, 256, generator=g)
     blocks = torch.randint(0, 256, (4, 8, 320), dtype=torch.uint8, generator=g)
@@ -939,21 +953,28 @@ def test_the_vnni_build_gives_the_same_bits_as_the_avx2_one(avx2_dir: Path, tmp_
     q[:, :5] = -128  # VPDPBUSD's unsigned q + 128 and VPMADDUBSW's |q| (128 as a byte) both take it
     q = quant.pack_head(q)
     scales = torch.rand(48, generator=g)
-    torch.save({"x": x, "blocks": blocks, "q": q, "scales": scales}, tmp_path / "inputs.pt")
     ours = (torch.ops.pardec_avx2.q4q8_mm(x, blocks, 64), torch.ops.pardec_avx2.q8q8_mm(x, q, scales))
+    theirs = on_the_plain_build(tmp_path, {"x": x, "blocks": blocks, "q": q, "scales": scales},
+                                "(ops.q4q8_mm(i['x'], i['blocks'], 64), ops.q8q8_mm(i['x'], i['q'], i['scales']))")  # fmt: skip
+    assert torch.isfinite(ours[0]).all() and torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+
+
+def on_the_plain_build(tmp_path: Path, inputs: dict[str, torch.Tensor], expression: str) -> Any:
+    """`expression` over the `inputs` (as `i`; the library's ops as `ops`), computed by the
+    plain AVX2 build of the library in a process of its own: both builds register pardec_avx2."""
+    other = kernels.build_dir(tmp_path / "kernels", kernels.AVX2)
+    torch.save(inputs, tmp_path / "inputs.pt")
     script = (
         "import sys, torch\n"
         "from pathlib import Path\n"
         "from pardec_cli import kernels\n"
         "kernels.build(Path(sys.argv[1]))\n"
-        "i = torch.load(sys.argv[2])\n"
-        "torch.save((torch.ops.pardec_avx2.q4q8_mm(i['x'], i['blocks'], 64), "
-        "torch.ops.pardec_avx2.q8q8_mm(i['x'], i['q'], i['scales'])), sys.argv[3])\n"
+        "i, ops = torch.load(sys.argv[2]), torch.ops.pardec_avx2\n"
+        f"torch.save({expression}, sys.argv[3])\n"
     )
     subprocess.run([sys.executable, "-c", script, str(other), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
                    check=True, timeout=600)  # fmt: skip
-    theirs = torch.load(tmp_path / "out.pt")
-    assert torch.isfinite(ours[0]).all() and torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    return torch.load(tmp_path / "out.pt")
 
 
 def test_each_library_builds_in_its_own_directory(tmp_path: Path) -> None:
@@ -969,14 +990,14 @@ def test_doctor_says_whether_the_avx2_kernels_run_here() -> None:
 
     base = {"dir": "/k/int4-abc", "status": "not built", "enabled": True, "bfloat16": False, "int8": False,
             "float32": True, "blocks4": True, "avx2_dir": "/k/avx2-def", "avx2_status": "built"}  # fmt: skip
-    assert _kernels_lines(base) == ["pardec's, built in /k/avx2-def: full, int8 and q4q8 weights in float32"]
+    assert _kernels_lines(base) == ["pardec's, built in /k/avx2-def: full, int8, q4q8 and q8q8 weights in float32"]
     assert "first load in float32" in _kernels_lines({**base, "avx2_status": "not built"})[0]
     assert "PARDEC_KERNELS=0" in _kernels_lines({**base, "enabled": False})[0]
     assert "lacks AVX2" in _kernels_lines({**base, "float32": False, "blocks4": False})[0]
     # An AVX512 CPU runs both libraries: bfloat16 on one, a GGUF's 4-bit blocks on the other.
     both = _kernels_lines({**base, "bfloat16": True, "int8": True, "float32": False, "status": "built"})
     assert both == ["pardec's, built in /k/int4-abc: int4, int8 and full weights in bfloat16, --weights q4q8 in bfloat16",
-                    "pardec's, built in /k/avx2-def: 4-bit GGUF models in float32 (q4q8, the native step)"]
+                    "pardec's, built in /k/avx2-def: GGUF and dense models in float32 (q4q8 and q8q8, the native step)"]
 
 
 @pytest.mark.parametrize(("weights", "op_name"), [("full", "f32_mm"), ("int8", "q8f32_mm")])

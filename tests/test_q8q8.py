@@ -8,8 +8,6 @@ CPU without AVX2 and FMA.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,8 @@ import torch
 from pardec_cli import kernels, quant
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.quant import Q8Records
-from tests.test_avx2_kernels import LIBRARY, compiled_steps_agree_and_methods_are_exact
-from tests.test_exactness import random_prompt
+from tests.test_avx2_kernels import (LIBRARY, built_in, compiled_steps_agree_and_methods_are_exact, on_the_plain_build,
+                                     q8q8_llama)
 from tests.tiny_models import save_word_level_model, tiny_llama
 
 
@@ -97,16 +95,6 @@ def test_q8q8_s_bad_inputs_are_errors_not_crashes(avx2_dir: Path) -> None:
             bad()
 
 
-def q8q8_llama(seed: int = 5) -> torch.nn.Module:
-    """A tiny Llama as a q8q8 load leaves it (`store.loading`): every product on `Q8Records`,
-    q/k/v and gate/up each sharing one, the head on the AVX2 int8 kernel."""
-    model = tiny_llama(seed, vocab=96, layers=2, hidden=64)
-    assert quant.quantize_linears(model, "q8q8") == 2 * 7 and quant.weights_label(model) == "q8q8"
-    quant.quantize_head(model, avx2=True)
-    assert quant.share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False)) == 2 * 2
-    return model
-
-
 def test_layers_of_one_input_share_one_q8q8_product_and_keep_their_own_outputs(avx2_dir: Path) -> None:
     model = tiny_llama(5, vocab=96, layers=2, hidden=64)
     quant.quantize_linears(model, "q8q8")
@@ -128,23 +116,6 @@ def test_the_native_step_runs_a_q8q8_llama_and_keeps_every_method_exact(avx2_dir
     assert native_reason(model) is None and quant.row_tile(model) == (8 if LIBRARY is kernels.AVX2_VNNI else 4)
     runner = compiled_steps_agree_and_methods_are_exact(model, tmp_path, native=True)
     assert runner.native is not None and runner.kv_dtype == torch.float16 and list(tmp_path.iterdir()) == []
-
-
-def test_the_native_q8q8_step_computes_what_the_eager_step_does(avx2_dir: Path) -> None:
-    from pardec_cli.engine.runner import CompiledLanguageModel
-
-    model = q8q8_llama()
-    native = CompiledLanguageModel(model, compile_missing=False)
-    eager = CompiledLanguageModel(model, compile_missing=False, native=False)
-    assert native.native is not None and eager.native is None
-    prompt, tokens = random_prompt(5), random_prompt(6)[:9]
-    with torch.inference_mode():
-        got, want = [], []
-        for runner, out in ((native, got), (eager, want)):
-            cache = runner.new_cache(64)
-            runner.forward(prompt, cache, last_only=True)
-            out.append(runner.forward(tokens[1:], cache, parents=(-1, -1, 0, 1, 1, 2, 3)))  # a tree
-    assert (got[0] - want[0]).norm() < 0.02 * want[0].norm()
 
 
 def test_a_native_step_takes_all_q4q8_or_all_q8q8_products_not_a_mix(avx2_dir: Path) -> None:
@@ -170,9 +141,7 @@ def test_q8q8_loads_a_model_in_float32_on_the_native_step(avx2_dir: Path, tmp_pa
     from pardec_cli.store.loading import load_model
 
     monkeypatch.setenv("PARDEC_KERNELS", "1")
-    directory = kernels.build_dir(kernels_dir(), LIBRARY)  # the run's build, as the store's
-    directory.mkdir(parents=True)
-    (directory / f"{LIBRARY.name}.so").symlink_to(avx2_dir / f"{LIBRARY.name}.so")
+    built_in(kernels.build_dir(kernels_dir(), LIBRARY), avx2_dir)  # the run's build, as the store's
     path = save_word_level_model(tmp_path / "dense")
     model, _ = load_model(path, dtype="float32", device="cpu", weights="q8q8")
     assert quant.weights_label(model) == "q8q8" and quant.kernel_suffix(model) == "+pardec"
@@ -188,23 +157,12 @@ def test_the_vnni_build_multiplies_q8q8_blocks_to_the_same_bits_as_the_avx2_one(
     """VPDPBUSD on q + 128 less 128 times the activation codes' sum against VPMADDUBSW on |q|:
     the same integers, then the same float steps per output (9 rows: a tile of 8 and one more
     against tiles of 4; codes of -127 and 127)."""
-    other = kernels.build_dir(tmp_path / "kernels", kernels.AVX2)
     x, q, d, _ = q8_inputs(9, 48, 256, seed=3)
     q[:, :5], q[:, 5:9] = -127, 127
     blocks, scales = quant.pack_head(q), packed_scales(d)
-    torch.save({"x": x, "q": blocks, "d": scales}, tmp_path / "inputs.pt")
     ours = torch.ops.pardec_avx2.q8q8_blocks_mm(x, blocks, scales)
-    script = (
-        "import sys, torch\n"
-        "from pathlib import Path\n"
-        "from pardec_cli import kernels\n"
-        "kernels.build(Path(sys.argv[1]))\n"
-        "i = torch.load(sys.argv[2])\n"
-        "torch.save(torch.ops.pardec_avx2.q8q8_blocks_mm(i['x'], i['q'], i['d']), sys.argv[3])\n"
-    )
-    subprocess.run([sys.executable, "-c", script, str(other), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
-                   check=True, timeout=600)  # fmt: skip
-    assert torch.isfinite(ours).all() and torch.equal(ours, torch.load(tmp_path / "out.pt"))
+    theirs = on_the_plain_build(tmp_path, {"x": x, "q": blocks, "d": scales}, "ops.q8q8_blocks_mm(i['x'], i['q'], i['d'])")
+    assert torch.isfinite(ours).all() and torch.equal(ours, theirs)
 
 
 def test_auto_runs_a_dense_model_as_q8q8_in_float32_on_the_native_step_once_its_kernels_are_built(
@@ -225,8 +183,7 @@ def test_auto_runs_a_dense_model_as_q8q8_in_float32_on_the_native_step_once_its_
     monkeypatch.setattr(kernels, "build_in_background", lambda directory: started.append(directory) or True)
     assert not native_auto(path) and started == []  # doctor and tune ask without building
     assert not native_auto(path, start=True) and started == [kernels.build_dir(kernels_dir(), LIBRARY)]
-    started[0].mkdir(parents=True)
-    (started[0] / f"{LIBRARY.name}.so").symlink_to(avx2_dir / f"{LIBRARY.name}.so")
+    built_in(started[0], avx2_dir)
     assert native_auto(path) and not native_auto(path, "full") and not native_auto(None)
     session = Session.load(str(path), compile="auto")
     assert (session.dtype, session.weights) == ("float32", "q8q8")
@@ -262,8 +219,6 @@ def test_a_q8_0_gguf_keeps_its_blocks_and_auto_runs_them_as_q8q8_on_the_native_s
     assert isinstance(layer, Q8Records) and torch.equal(layer.dequantize(), full.model.layers[1].mlp.down_proj.weight)
     from pardec_cli.home import kernels_dir
 
-    directory = kernels.build_dir(kernels_dir(), LIBRARY)
-    directory.mkdir(parents=True)
-    (directory / f"{LIBRARY.name}.so").symlink_to(avx2_dir / f"{LIBRARY.name}.so")
+    built_in(kernels.build_dir(kernels_dir(), LIBRARY), avx2_dir)
     session = Session.load("tiny-q8", compile="auto")
     assert (session.dtype, session.weights, session.runner) == ("float32", "q8q8", "native")

@@ -416,17 +416,27 @@ inline int32_t four_codes(const int8_t* x) {
 }
 
 // R rows (codes qx [R, K], d_x [R, G], cx [R, G]: -128 times each group's code sum) by one
-// block's G records w -> out [R, 16] (rows ldo apart), each times scale [16].
-template <int R>
-void q8_head_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t K, int64_t G, const int8_t* w, const float* scale,
-                  float* out, int64_t ldo) {
+// block's G records w -> out [R, 16] (rows ldo apart). The head's (`Groups` false): each
+// output times scale [16] at the end. q8q8's (`Groups`, `quant.Q8Records`: llama.cpp's Q8_0
+// by Q8_0): each group's sum times its own float16 scales ws [G, 16] (`scale` unused).
+template <int R, bool Groups>
+void q8_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t K, int64_t G, const int8_t* w, const float* scale,
+             const uint16_t* ws, float* out, int64_t ldo) {
+  // Records ahead, into L2: the head's 128 (64 KB; it is read cold, after every layer),
+  // q8q8's 32 (as q4q8's records).
+  constexpr int64_t ahead = Groups ? 32 : kHeadPrefetch / kHeadRecord;
 #ifdef PARDEC_Q4_512
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t g = 0; g < G; ++g) {
     const int8_t* rec = w + g * kHeadRecord;
-    for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kHeadPrefetch + line), _MM_HINT_T1);
+    for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + ahead * kHeadRecord + line), _MM_HINT_T1);
+    __m512 d = _mm512_setzero_ps();
+    if constexpr (Groups) {
+      _mm_prefetch(reinterpret_cast<const char*>(ws + (g + ahead) * kBlock), _MM_HINT_T1);
+      d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g * kBlock)));
+    }
     __m512i u[8];  // q + 128
     for (int p = 0; p < 8; ++p) u[p] = _mm512_xor_si512(_mm512_loadu_si512(rec + 64 * p), flip);
     for (int r = 0; r < R; ++r) {
@@ -436,11 +446,16 @@ void q8_head_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t 
         s0 = _mm512_dpbusd_epi32(s0, u[p], _mm512_set1_epi32(four_codes(x + 4 * p)));
         s1 = _mm512_dpbusd_epi32(s1, u[p + 1], _mm512_set1_epi32(four_codes(x + 4 * p + 4)));
       }
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(dx[r * G + g]), acc[r]);
+      const __m512 dxr = _mm512_set1_ps(dx[r * G + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), Groups ? _mm512_mul_ps(d, dxr) : dxr, acc[r]);
     }
   }
-  const __m512 sc = _mm512_loadu_ps(scale);
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, _mm512_mul_ps(acc[r], sc));
+  if constexpr (Groups) {
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+  } else {
+    const __m512 sc = _mm512_loadu_ps(scale);
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, _mm512_mul_ps(acc[r], sc));
+  }
 #else
   (void)cx;
   // Each half of the block (8 outputs) in a pass of its own: its |q| (8 registers) and the
@@ -452,8 +467,11 @@ void q8_head_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t 
     for (int64_t g = 0; g < G; ++g) {
       const int8_t* rec = w + g * kHeadRecord;
       if (half == 0) {
-        for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kHeadPrefetch + line), _MM_HINT_T1);
+        for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + ahead * kHeadRecord + line), _MM_HINT_T1);
+        if constexpr (Groups) _mm_prefetch(reinterpret_cast<const char*>(ws + (g + ahead) * kBlock), _MM_HINT_T1);
       }
+      __m256 d = _mm256_setzero_ps();
+      if constexpr (Groups) d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * kBlock + 8 * half)));
       const int8_t* h = rec + 32 * half;
       __m256i a[8];  // |q|
       for (int p = 0; p < 8; ++p) a[p] = _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p)));
@@ -467,21 +485,30 @@ void q8_head_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t 
           s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p], _mm256_sign_epi8(x0, q0)), ones));
           s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p + 1], _mm256_sign_epi8(x1, q1)), ones));
         }
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_set1_ps(dx[r * G + g]), acc[r]);
+        const __m256 dxr = _mm256_set1_ps(dx[r * G + g]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), Groups ? _mm256_mul_ps(d, dxr) : dxr, acc[r]);
       }
     }
-    const __m256 sc = _mm256_loadu_ps(scale + 8 * half);
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo + 8 * half, _mm256_mul_ps(acc[r], sc));
+    if constexpr (Groups) {
+      for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo + 8 * half, acc[r]);
+    } else {
+      const __m256 sc = _mm256_loadu_ps(scale + 8 * half);
+      for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo + 8 * half, _mm256_mul_ps(acc[r], sc));
+    }
   }
 #endif
 }
 
-using Q8HeadRows = void (*)(const int8_t*, const float*, const int32_t*, int64_t, int64_t, const int8_t*, const float*, float*, int64_t);
+using Q8Rows = void (*)(const int8_t*, const float*, const int32_t*, int64_t, int64_t, const int8_t*, const float*, const uint16_t*,
+                        float*, int64_t);
 #ifdef PARDEC_Q4_512
-constexpr Q8HeadRows kQ8HeadRows[kHeadRows + 1] = {nullptr, q8_head_rows<1>, q8_head_rows<2>, q8_head_rows<3>, q8_head_rows<4>,
-                                                   q8_head_rows<5>, q8_head_rows<6>, q8_head_rows<7>, q8_head_rows<8>};
+constexpr Q8Rows kQ8HeadRows[kHeadRows + 1] = {nullptr, q8_rows<1, false>, q8_rows<2, false>, q8_rows<3, false>, q8_rows<4, false>,
+                                               q8_rows<5, false>, q8_rows<6, false>, q8_rows<7, false>, q8_rows<8, false>};
+constexpr Q8Rows kQ8BlockRows[kHeadRows + 1] = {nullptr, q8_rows<1, true>, q8_rows<2, true>, q8_rows<3, true>, q8_rows<4, true>,
+                                                q8_rows<5, true>, q8_rows<6, true>, q8_rows<7, true>, q8_rows<8, true>};
 #else
-constexpr Q8HeadRows kQ8HeadRows[kHeadRows + 1] = {nullptr, q8_head_rows<1>, q8_head_rows<2>, q8_head_rows<3>, q8_head_rows<4>};
+constexpr Q8Rows kQ8HeadRows[kHeadRows + 1] = {nullptr, q8_rows<1, false>, q8_rows<2, false>, q8_rows<3, false>, q8_rows<4, false>};
+constexpr Q8Rows kQ8BlockRows[kHeadRows + 1] = {nullptr, q8_rows<1, true>, q8_rows<2, true>, q8_rows<3, true>, q8_rows<4, true>};
 #endif
 
 // -128 times each group's code sum (VPDPBUSD's correction; the VNNI build's only) into cx [M, G].
@@ -515,13 +542,13 @@ void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const floa
       for (int64_t r0 = 0; r0 < M; r0 += kHeadRows) {
         const int64_t rows = std::min(kHeadRows, M - r0);
         if (outs == kBlock) {
-          kQ8HeadRows[rows](qx.data() + r0 * K, dx.data() + r0 * G, cx.data() + r0 * G, K, G, rec, scale + n0, y + r0 * N + n0, N);
+          kQ8HeadRows[rows](qx.data() + r0 * K, dx.data() + r0 * G, cx.data() + r0 * G, K, G, rec, scale + n0, nullptr, y + r0 * N + n0, N);
           continue;
         }
         // A short last block (its records padded with zero codes): through a buffer.
         std::fill_n(part_scale, kBlock, 0.0f);
         std::copy_n(scale + n0, outs, part_scale);
-        kQ8HeadRows[rows](qx.data() + r0 * K, dx.data() + r0 * G, cx.data() + r0 * G, K, G, rec, part_scale, part, kBlock);
+        kQ8HeadRows[rows](qx.data() + r0 * K, dx.data() + r0 * G, cx.data() + r0 * G, K, G, rec, part_scale, nullptr, part, kBlock);
         for (int64_t r = 0; r < rows; ++r) std::copy_n(part + r * kBlock, outs, y + (r0 + r) * N + n0);
       }
     }
@@ -532,77 +559,9 @@ void q8q8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const floa
 // groups: llama.cpp's Q8_0 by Q8_0 (`--weights q8q8`, `quant.Q8Records`). Codes as the
 // head's records (`quant.pack_head`: [N/16, K/32, 512]); scales float16 [N/16, K/32, 16]
 // (Q8_0's own), a stream of their own so that each record of codes stays on whole cache
-// lines. A group's integer sums are exact, as the head's,
-// and each (row, output) adds its groups in order, d_w * d_x times the sum: both builds
-// give the same bits, and a row's result does not depend on the rows beside it.
-constexpr int64_t kQ8Prefetch = 32;  // records ahead, into L2 (as q4q8's)
-
-template <int R>
-void q8_block_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t K, int64_t G, const int8_t* w, const uint16_t* ws,
-                   float* out, int64_t ldo) {
-#ifdef PARDEC_Q4_512
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t g = 0; g < G; ++g) {
-    const int8_t* rec = w + g * kHeadRecord;
-    for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kQ8Prefetch * kHeadRecord + line), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(ws + (g + kQ8Prefetch) * kBlock), _MM_HINT_T1);
-    __m512i u[8];  // q + 128
-    for (int p = 0; p < 8; ++p) u[p] = _mm512_xor_si512(_mm512_loadu_si512(rec + 64 * p), flip);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g * kBlock)));
-    for (int r = 0; r < R; ++r) {
-      const int8_t* x = qx + r * K + g * kGroup;
-      __m512i s0 = _mm512_set1_epi32(cx[r * G + g]), s1 = _mm512_setzero_si512();  // two chains of 4
-      for (int p = 0; p < 8; p += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, u[p], _mm512_set1_epi32(four_codes(x + 4 * p)));
-        s1 = _mm512_dpbusd_epi32(s1, u[p + 1], _mm512_set1_epi32(four_codes(x + 4 * p + 4)));
-      }
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + g])), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
-#else
-  (void)cx;
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int half = 0; half < 2; ++half) {  // 8 outputs a pass, as the head's kernel
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) {
-      const int8_t* rec = w + g * kHeadRecord;
-      if (half == 0) {
-        for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kQ8Prefetch * kHeadRecord + line), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(ws + (g + kQ8Prefetch) * kBlock), _MM_HINT_T1);
-      }
-      const int8_t* h = rec + 32 * half;
-      __m256i a[8];  // |q|
-      for (int p = 0; p < 8; ++p) a[p] = _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p)));
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * kBlock + 8 * half)));
-      for (int r = 0; r < R; ++r) {
-        const int8_t* x = qx + r * K + g * kGroup;
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int p = 0; p < 8; p += 2) {
-          const __m256i x0 = _mm256_set1_epi32(four_codes(x + 4 * p)), x1 = _mm256_set1_epi32(four_codes(x + 4 * p + 4));
-          const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p));
-          const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p + 64));
-          s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p], _mm256_sign_epi8(x0, q0)), ones));
-          s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p + 1], _mm256_sign_epi8(x1, q1)), ones));
-        }
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_mul_ps(d, _mm256_set1_ps(dx[r * G + g])), acc[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo + 8 * half, acc[r]);
-  }
-#endif
-}
-
-using Q8BlockRows = void (*)(const int8_t*, const float*, const int32_t*, int64_t, int64_t, const int8_t*, const uint16_t*, float*, int64_t);
-#ifdef PARDEC_Q4_512
-constexpr Q8BlockRows kQ8BlockRows[kHeadRows + 1] = {nullptr, q8_block_rows<1>, q8_block_rows<2>, q8_block_rows<3>, q8_block_rows<4>,
-                                                     q8_block_rows<5>, q8_block_rows<6>, q8_block_rows<7>, q8_block_rows<8>};
-#else
-constexpr Q8BlockRows kQ8BlockRows[kHeadRows + 1] = {nullptr, q8_block_rows<1>, q8_block_rows<2>, q8_block_rows<3>, q8_block_rows<4>};
-#endif
+// lines. A group's integer sums are exact, as the head's, and each (row, output) adds its
+// groups in order, d_w * d_x times the sum (`q8_rows`): both builds give the same bits, and a
+// row's result does not depend on the rows beside it.
 
 // M rows x [M, K] (float32, rows ldx apart) by codes w [n/16, K/32, 512] and scales ws
 // [n/16, K/32, 16] -> out [M, n] (rows ldo apart). qx [M, K], dx, sx and cx [M, K/32]: room
@@ -615,7 +574,7 @@ void q8q8_block_rows(const float* x, int64_t ldx, int64_t M, int64_t K, const in
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t nb = b0; nb < b1; ++nb) {
       for (int64_t r0 = 0; r0 < M; r0 += kHeadRows) {
-        kQ8BlockRows[std::min(kHeadRows, M - r0)](qx + r0 * K, dx + r0 * G, cx + r0 * G, K, G, w + nb * G * kHeadRecord,
+        kQ8BlockRows[std::min(kHeadRows, M - r0)](qx + r0 * K, dx + r0 * G, cx + r0 * G, K, G, w + nb * G * kHeadRecord, nullptr,
                                                   ws + nb * G * kBlock, out + r0 * ldo + nb * kBlock, ldo);
       }
     }
