@@ -222,3 +222,30 @@ def test_a_q8_0_gguf_keeps_its_blocks_and_auto_runs_them_as_q8q8_on_the_native_s
     built_in(kernels.build_dir(kernels_dir(), LIBRARY), avx2_dir)
     session = Session.load("tiny-q8", compile="auto")
     assert (session.dtype, session.weights, session.runner) == ("float32", "q8q8", "native")
+
+
+def test_a_16_bit_checkpoint_is_read_in_16_bits_for_q8q8_and_loads_as_a_float32_read_would(
+    avx2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read in float32 first, a 7B model would take 28 GB before its layers were quantized:
+    a bfloat16 checkpoint is read in bfloat16, quantized layer by layer, the rest made float32
+    after; every tensor is what a float32 read gives (bfloat16 widens exactly)."""
+    from pardec_cli.store import loading
+    from tests.tiny_models import peaked, word_level_tokenizer, WORDS
+
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    path = tmp_path / "bf16"
+    word_level_tokenizer().save_pretrained(path)
+    peaked(tiny_llama(4, vocab=len(WORDS) + 3, layers=2, hidden=64)).to(torch.bfloat16).save_pretrained(path)
+    read: list[torch.dtype] = []
+    real = loading._from_pretrained
+    monkeypatch.setattr(loading, "_from_pretrained", lambda cls, p, kwargs: read.append(kwargs["dtype"]) or real(cls, p, kwargs))
+    model, _ = loading.load_model(path, dtype="float32", device="cpu", weights="q8q8")
+    assert read == [torch.bfloat16] and model.dtype == torch.float32
+    state = model.state_dict()
+    assert {t.dtype for k, t in state.items() if k.endswith(("blocks", "scales")) and ".mlp." in k} == {torch.int8, torch.float16}
+    assert all(t.dtype in (torch.float32, torch.int8, torch.float16, torch.int64) for t in state.values())
+    monkeypatch.setattr(loading, "check_model_files", lambda p: {"model_type": "llama"})  # no dtype: read in float32
+    again, _ = loading.load_model(path, dtype="float32", device="cpu", weights="q8q8")
+    assert read[-1] == torch.float32
+    assert state.keys() == again.state_dict().keys() and all(torch.equal(t, again.state_dict()[k]) for k, t in state.items())

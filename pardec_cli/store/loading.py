@@ -233,7 +233,12 @@ def load_model(
                 hint="a model directory needs its tokenizer files "
                 "(tokenizer.json or tokenizer.model)",
             ) from None
-        kwargs: dict[str, Any] = {"config": config, "dtype": torch_dtype(dtype)}
+        # q8q8 of a dense checkpoint: read in its own 16 bits and quantized layer by layer,
+        # the rest made float32 after (`_float32_but_records`): in float32 first, a 7B model
+        # would take 28 GB before quantizing.
+        stored16 = str(raw_config.get("torch_dtype") or raw_config.get("dtype") or "")
+        read_dtype = stored16 if q8q8 and not stored_blocks and stored16 in ("bfloat16", "float16") else dtype
+        kwargs: dict[str, Any] = {"config": config, "dtype": torch_dtype(read_dtype)}
         if device != "cpu":
             kwargs["device_map"] = device
         try:
@@ -266,6 +271,8 @@ def load_model(
     check_loaded_weights(path, info)
     if not stored_blocks:
         quantize_linears(model, mode)
+    if q8q8:
+        _float32_but_records(model)
     # with q4q8 or q8q8 on the AVX2 library (loaded already), its head on int8 codes there too
     avx2 = q8q8 or (float32_cpu and (records == "float32" or (mode in ("full", "int8") and avx2_ready)))
     if mode != "full":  # quantized weights on a CPU: the head's logits on int8 too
@@ -285,6 +292,26 @@ def load_model(
         table = lookup_only_embedding(model)  # rows looked up: moving it would cost its first touch for nothing
         move_to_huge_pages(model, skip=[] if table is None else [table])
     return model, tokenizer
+
+
+def _float32_but_records(model: Any) -> None:
+    """Make every floating parameter and buffer of `model` float32 in place (tied weights stay
+    one tensor), except `quant.Q8Records`' float16 scales: a q8q8 model read in 16 bits."""
+    import torch
+
+    from pardec_cli.quant import Q8Records
+
+    model.config.dtype = torch.float32  # as a float32 load leaves it
+
+    for module in model.modules():
+        if isinstance(module, Q8Records):
+            continue
+        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if tensor.is_floating_point() and tensor.dtype != torch.float32:
+                if isinstance(tensor, torch.nn.Parameter):
+                    tensor.data = tensor.data.float()
+                else:
+                    setattr(module, name, tensor.float())
 
 
 def bf16_kernel_weights(mode: str) -> bool:
