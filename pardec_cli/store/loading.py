@@ -177,12 +177,14 @@ def load_model(
     decoder's linear layers hold their weights: "full" (dense in `dtype`), "int8",
     "int4" (`pardec_cli.quant`; on a CPU the output head's logits then go through
     int8 too), "q4q8" (int4 by int8 activations,
-    `quant.Int4Records`; `notice` hears when its kernel is built first) or "auto"
-    (`pardec_cli.weight_modes.resolve_weights`). In bfloat16 on a CPU with AVX512-BF16,
+    `quant.Int4Records`; `notice` hears when its kernel is built first), "q8q8" (Q8_0
+    by int8 activations in float32, `quant.Q8Records`; a 16-bit checkpoint is read in 16
+    bits, then quantized) or "auto" (`pardec_cli.weight_modes.resolve_weights`). In bfloat16 on a CPU with AVX512-BF16,
     int4, int8 and (without AMX) full weights and their head are multiplied by pardec's own
     kernels once they are built (`_own_kernels`). A
     directory stored with a GGUF file's blocks kept (`store.quantized`) loads from
-    them: exactly dequantized for "full", its 4-bit codes packed directly for "int4".
+    them: exactly dequantized for "full", its 4-bit codes packed directly for "int4",
+    its Q8_0 blocks as they are for "q8q8".
     On a CPU the weights a step streams end on 2 MB pages where Linux offers them
     (`hugepages.move_to_huge_pages`). The model uses SDPA
     attention (eager where the architecture lacks it) and is in eval mode. Every failure
@@ -302,7 +304,6 @@ def _float32_but_records(model: Any) -> None:
     from pardec_cli.quant import Q8Records
 
     model.config.dtype = torch.float32  # as a float32 load leaves it
-
     for module in model.modules():
         if isinstance(module, Q8Records):
             continue
@@ -396,9 +397,9 @@ def _build_now(directory: Path, notice: Callable[[str], None] | None) -> None:
 
 
 def auto_native(stored_blocks: bool, weights: str) -> bool:
-    """Whether `--weights` `weights` of a model stored so (`stored_blocks`: GGUF 4-bit blocks,
-    else dense) goes to the native step's AVX2 library wherever the CPU runs it: auto's q4q8
-    for 4-bit blocks; auto's q8q8 for dense layers, except on a CPU with AMX, whose bfloat16
+    """Whether `--weights` `weights` of a model stored so (`stored_blocks`: a GGUF's blocks
+    kept, else dense) goes to the native step's AVX2 library wherever the CPU runs it: auto's
+    q4q8 for 4-bit blocks, q8q8 for Q8_0 ones; auto's q8q8 for dense layers, except on a CPU with AMX, whose bfloat16
     tiles verify 16 tokens for little more than one (dense bfloat16 stays there, not
     measured against q8q8)."""
     from pardec_cli.hardware import cpu_info
