@@ -149,14 +149,18 @@ class TextStream:
 
 @contextmanager
 def collection_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block (as it was after): loading
-    imports torch and transformers and builds the model, some million objects that live
-    as long as the process, and the collector's passes over them as they pile up cost
-    0.6-1.3 s of a `pardec gen`'s start (docs/runner.md)."""
+    """Python's cyclic garbage collector off for the block (as it was after), and what a
+    successful block left frozen (`gc.freeze`: later collections skip it). Loading imports
+    torch and transformers and builds the model, some 400,000 objects that live as long as
+    the process: the collector's passes over them as they piled up cost 0.6-1.3 s of a
+    `pardec gen`'s start, and once it was back on its first pass still walked them all,
+    ~0.25-0.28 s inside the first reply (a full collection right after a load finds no
+    garbage there to free; docs/runner.md)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
+        gc.freeze()
     finally:
         if enabled:
             gc.enable()

@@ -47,7 +47,8 @@ def test_methods_get_the_stores_notes_on_heads_through_their_env(session, monkey
 
 def test_loading_pauses_the_cyclic_collector_and_leaves_it_as_it_was(tmp_path: Path, monkeypatch) -> None:
     """Loading imports torch and transformers and builds the model: the collector's passes
-    over those objects as they pile up cost part of a second of start-up."""
+    over those objects as they pile up cost part of a second of start-up, and a pass over
+    them after cost a quarter of a second of the first reply: a load leaves them frozen."""
     import gc
 
     from pardec_cli.session import Session
@@ -63,14 +64,16 @@ def test_loading_pauses_the_cyclic_collector_and_leaves_it_as_it_was(tmp_path: P
     monkeypatch.setattr(loading, "load_model", spying)
     model = save_word_level_model(tmp_path / "model")
     assert gc.isenabled()
+    gc.unfreeze()
     Session.load(str(model), device="cpu", offline=True)
-    assert seen == [False] and gc.isenabled()
+    assert seen == [False] and gc.isenabled() and gc.get_freeze_count() > 0
     gc.disable()
     try:
         Session.load(str(model), device="cpu", offline=True)
         assert not gc.isenabled()  # a caller's own choice is kept
     finally:
         gc.enable()
-    with pytest.raises(PardecError):  # a failed load too
+    gc.unfreeze()
+    with pytest.raises(PardecError):  # a failed load too, and it freezes nothing
         Session.load(str(tmp_path / "no-such-model"), device="cpu", offline=True)
-    assert gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
