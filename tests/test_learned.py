@@ -250,8 +250,10 @@ def test_generations_teach_auto_which_then_says_it_measured_here(tiny_cli_model,
     from tests.test_auto_cli import CHAT_PROMPT, gen
 
     monkeypatch.delenv("PARDEC_LEARN", raising=False)
-    for method in ("vanilla", "pld", "vanilla", "pld"):
-        result = gen(tiny_cli_model, "--method", method, "-n", "48", "--json", CHAT_PROMPT)
+    # Seeded: an unseeded reply of the tiny random model can sample an end token within
+    # `MIN_STEPS` steps and teach nothing (a full run once recorded one pld row of two).
+    for seed, method in enumerate(("vanilla", "pld", "vanilla", "pld")):
+        result = gen(tiny_cli_model, "--method", method, "-n", "48", "--seed", str(seed), "--json", CHAT_PROMPT)
         assert result.exit_code == 0, result.stderr
     entries = json.loads(learned_path().read_text())["entries"]
     assert sorted(text.split("|")[2:] for text in entries) == [[STEP, "chat", "pld"], [STEP, "chat", "vanilla"]]
