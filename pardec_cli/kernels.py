@@ -27,12 +27,14 @@ memory's rate (docs/runner.md, "float32 on AVX2"); and ``pardec_avx2::q4q8_mm``,
 records of ``q4q8_mm`` above by int8 activation groups with AVX2's byte products, what
 ``--weights q4q8`` (and auto, for GGUF 4-bit models in float32) uses there;
 ``pardec_avx2::q8q8_mm``, the int8 head's codes by int8 activation groups (the head of
-such models: ``quant.Int8F32Head``); and ``pardec_avx2::attention``, each query row's
+such models: ``quant.Int8F32Head``); ``pardec_avx2::q8q8_blocks_mm``, Q8_0 weights (a
+scale per group of 32) by the same groups (``--weights q8q8``, and auto's for dense and
+Q8_0 models in float32: ``quant.Q8Records``); and ``pardec_avx2::attention``, each query row's
 attention over a float32 or float16 cache alone, what float32 models on this library
 attend with (``engine.attention``).
 It also holds ``pardec_avx2::llama_step``, a Llama decoder's whole step on those ops in one
 call (``engine.native``): what the runner runs instead of its compiled graphs where a model
-is exactly that (q4q8 layers in float32).
+is exactly that (q4q8 or q8q8 layers in float32).
 
 Each library is compiled once per machine with torch's C++ extension builder into pardec's
 store. The first load that could use one starts a detached
