@@ -167,9 +167,10 @@ def _kernel_suffix(hardware: Any, held: str, kernels_now: dict[str, Any], *, avx
     `store.loading.load_model` decides. `Session.step_kind` names the steps it learned
     about with it: without it doctor read none of what gen, chat and bench recorded."""
     from pardec_cli.store.loading import bf16_kernel_weights
+    from pardec_cli.weight_modes import ROUNDED_ACTIVATIONS
 
     if avx2:
-        return "+pardec" if held in ("q4q8", "q8q8", "full", "int8") else ""
+        return "+pardec" if held in (*ROUNDED_ACTIVATIONS, "full", "int8") else ""
     bf16 = (hardware.device == "cpu" and hardware.dtype == "bfloat16" and kernels_now["enabled"] and kernels_now["bfloat16"]
             and kernels_now["status"] == "built")  # fmt: skip
     return "+pardec" if bf16 and bf16_kernel_weights(held) else ""
@@ -210,19 +211,17 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
     report["notes"] = list(notes)
     # What `pardec gen --weights WEIGHTS` of a short reply runs: eager steps, or the native
     # step where the model is one it takes (`engine.native`; known for sure once loaded).
-    from pardec_cli.weight_modes import resolve_weights
-    from pardec_cli.store.quantized import is_quantized_dir, stored_kind
-
     from pardec_cli.store.loading import auto_native
+    from pardec_cli.store.quantized import is_quantized_dir, stored_kind
+    from pardec_cli.weight_modes import ROUNDED_ACTIVATIONS, resolve_weights
 
     kernels_now = int4_kernels_report()  # auto's q4q8 and q8q8 in float32 need the AVX2 kernels built
-    blocks4 = is_quantized_dir(path)
-    wanted = kernels_now["blocks4"] if auto_native(blocks4, weights) else kernels_now["float32"]
+    wanted = kernels_now["blocks4"] if auto_native(is_quantized_dir(path), weights) else kernels_now["float32"]
     avx2 = (hardware.device == "cpu" and hardware.dtype == "float32" and kernels_now["enabled"] and wanted
             and kernels_now["avx2_status"] == "built")  # fmt: skip
     held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device, stored=stored_kind(path),
                            avx2=avx2)  # fmt: skip
-    runner = "native" if held in ("q4q8", "q8q8") and avx2 and _native_expected(summary) else "eager"
+    runner = "native" if held in ROUNDED_ACTIVATIONS and avx2 and _native_expected(summary) else "eager"
     step = step_kind(hardware.dtype, held + _kernel_suffix(hardware, held, kernels_now, avx2=avx2), runner)
     usage = read_usage(fingerprint, hardware.key, step) if learning_enabled() else None
     report["learned"] = (

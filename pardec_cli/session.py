@@ -249,8 +249,8 @@ class Session:
         # auto: float32 where the native step runs the model (a GGUF's 4-bit blocks, auto's
         # q8q8 of dense layers) once its kernels are built here, and for q8q8 asked for
         auto = (dtype or "auto").strip().lower() == "auto"
-        native = weights == "q8q8" or native_auto(resolved.path, weights, start=True)
-        dtype = resolve_dtype(dtype, device, blocks4=auto and device == "cpu" and native)
+        native = auto and device == "cpu" and (weights == "q8q8" or native_auto(resolved.path, weights, start=True))
+        dtype = resolve_dtype(dtype, device, blocks4=native)
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights, notice=notice)
         # auto: compile for long-lived sessions and long work; for shorter work only when an
         # earlier run saved the steps, and then without compiling any that are missing.

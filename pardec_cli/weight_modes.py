@@ -5,19 +5,23 @@ from __future__ import annotations
 
 WEIGHT_MODES = ("auto", "full", "int8", "int4", "q4q8", "q8q8")
 
+#: Weights whose layers round their activations to int8 groups: the ones pardec's native
+#: step (`engine.native`) takes, on a float16 KV cache.
+ROUNDED_ACTIVATIONS = ("q4q8", "q8q8")
+
 # What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
-# for GGUF 4-bit blocks kept, "q8" for Q8_0 ones, None for dense); anything else is "full". In bfloat16, int4
-# over a model's own 4-bit blocks was fastest for one token and for a 16-token
-# verification; int8, and any packed kernel in float32, were slower than dense. The
-# measurement (devtools/measure_weights.py) is in docs/weights.md.
+# for GGUF 4-bit blocks kept, "q8" for Q8_0 ones, None for dense); anything else is
+# "full". In bfloat16, int4 over a model's own 4-bit blocks was fastest for one token and
+# for a 16-token verification; int8, and any packed kernel in float32, were slower than
+# dense. The measurement (devtools/measure_weights.py) is in docs/weights.md.
 AUTO_CPU: dict[tuple[str, str | None], str] = {("bfloat16", "q4"): "int4"}
 #: Where float32 layers run on pardec's AVX2 kernels (built; `store.loading.auto_native`
 #: says where auto wants them), before `AUTO_CPU`: a model kept as GGUF 4-bit blocks runs as
 #: q4q8, llama.cpp's own arithmetic for those blocks (Q4_1 by Q8_1), at about half the
 #: one-token step of int8 and a third of dense float32 (docs/weights.md, "q4q8 on AVX2");
-#: a dense one as q8q8 (Q8_0 by Q8_0), both on the native step: a SmolLM2-135M token 2.3x
-#: faster than dense bfloat16 compiled, nearer the full model than q4q8 (docs/weights.md,
-#: "q8q8").
+#: a dense one, or one kept as Q8_0 blocks, as q8q8 (Q8_0 by Q8_0), both on the native
+#: step: a SmolLM2-135M token 2.3x faster than dense bfloat16 compiled, nearer the full
+#: model than q4q8 (docs/weights.md, "q8q8").
 AUTO_AVX2: dict[tuple[str, str | None], str] = {("float32", "q4"): "q4q8", ("float32", "q8"): "q8q8", ("float32", None): "q8q8"}
 
 

@@ -849,6 +849,9 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
 // bit for bit, as the products and the attention above promise for themselves.
 
 // A Llama decoder's weights as these ops take them, held once per model.
+// Where a layer's four products (q/k/v, o, gate/up, down) sit among its 6 tensors.
+constexpr int kProductSlot[4] = {1, 2, 4, 5};
+
 struct LlamaWeights : torch::CustomClassHolder {
   // Per layer, 6 tensors: input norm [E], q/k/v records [(Q + 2 KV)/16, E/32, 320], o
   // records [E/16, Q/32, 320], post-attention norm [E], gate/up records [2I/16, E/32, 320],
@@ -901,13 +904,13 @@ struct LlamaWeights : torch::CustomClassHolder {
       const at::Tensor* t = layers.data() + 6 * l;
       f32(t[0], E, "an input norm");
       f32(t[3], E, "a post-attention norm");
-      const int64_t shapes[4][3] = {{1, Q + 2 * KV, E}, {2, E, Q}, {4, 2 * inter, E}, {5, E, inter}};
+      const int64_t shapes[4][2] = {{Q + 2 * KV, E}, {E, Q}, {2 * inter, E}, {E, inter}};  // (n, k)
       const char* names[4] = {"q/k/v", "o", "gate/up", "down"};
       for (int j = 0; j < 4; ++j) {
         if (q8) {
-          check_q8_blocks(t[shapes[j][0]], product_scales[4 * l + j], shapes[j][1], shapes[j][2], names[j]);
+          check_q8_blocks(t[kProductSlot[j]], product_scales[4 * l + j], shapes[j][0], shapes[j][1], names[j]);
         } else {
-          records(t[shapes[j][0]], shapes[j][1], shapes[j][2], names[j]);
+          records(t[kProductSlot[j]], shapes[j][0], shapes[j][1], names[j]);
         }
       }
     }
@@ -1050,7 +1053,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   std::vector<int32_t> cx(w->product_scales.empty() ? 0 : R * (widest / kGroup));
   // Product j (0 q/k/v, 1 o, 2 gate/up, 3 down) of layer l: R rows of `in` (K wide) -> n outputs.
   auto layer_product = [&](int64_t l, int j, const float* in, int64_t K, int64_t n, float* out) {
-    const at::Tensor& wt = w->layers[6 * l + (j < 2 ? j + 1 : j + 2)];
+    const at::Tensor& wt = w->layers[6 * l + kProductSlot[j]];
     if (w->product_scales.empty()) {
       q4q8_rows(in, K, R, K, wt.data_ptr<uint8_t>(), n, out, n, qx.data(), dx, sx);
     } else {

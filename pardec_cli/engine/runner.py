@@ -65,6 +65,7 @@ from pardec_cli.errors import PardecUsageError, first_line
 from pardec_cli import kernels
 from pardec_cli.quant import (MERGE_SHARED_PRODUCTS, merge_shared_products, on_own_bf16_kernels, on_own_f32_kernels,
                               own_kernel_activations, weights_label)
+from pardec_cli.weight_modes import ROUNDED_ACTIVATIONS
 
 #: Steps with more rows than this (prefills, huge trees) run eagerly.
 MAX_COMPILED_ROWS = 64
@@ -168,10 +169,6 @@ def runner_attention(model: Any, amx: bool | None = None) -> str:
             return "eager"
         return KERNEL_ATTENTION if first.dtype == torch.bfloat16 and on_own_bf16_kernels(model) else CPU_ATTENTION
     return attention
-
-
-#: What `quant.weights_label` calls layers that round their activations to int8 groups.
-ROUNDED_ACTIVATIONS = ("q4q8", "q8q8")
 
 
 def kv_dtype(model: Any) -> torch.dtype:

@@ -248,9 +248,16 @@ def count_parameters(path: Path, config: dict[str, Any]) -> tuple[int | None, bo
         return total, True
     pickles = [p for p in path.glob("*.bin") if "training_args" not in p.name]
     if pickles:
-        dtype = str(config.get("torch_dtype") or config.get("dtype") or "float16")
+        dtype = checkpoint_dtype(config) or "float16"
         return sum(p.stat().st_size for p in pickles) // _DTYPE_BYTES.get(dtype, 2), False
     return None, False
+
+
+def checkpoint_dtype(config: dict[str, Any]) -> str | None:
+    """The dtype a model's config.json says its weights are stored in ("bfloat16", ...;
+    "torch_dtype" before transformers 5, "dtype" since), None where it says none."""
+    value = config.get("torch_dtype") or config.get("dtype")
+    return str(value) if value else None
 
 
 def has_chat_template(path: Path) -> bool:
@@ -288,7 +295,7 @@ def config_summary(path: Path) -> dict[str, Any]:
         "context_length": first("max_position_embeddings", "n_positions", "max_sequence_length"),
         "vocab_size": first("vocab_size"),
         "activation": first("hidden_act", "hidden_activation"),
-        "dtype": config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype"),
+        "dtype": checkpoint_dtype(config) or text.get("torch_dtype"),
         "chat_template": has_chat_template(path),
     }
 

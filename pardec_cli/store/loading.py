@@ -199,6 +199,7 @@ def load_model(
     from pardec_cli.quant import (head_on_records, lookup_only_embedding, pack_linears, quantize_head, quantize_linears,
                                   share_products, use_avx2, use_records)
     from pardec_cli.weight_modes import resolve_weights
+    from pardec_cli.store.inventory import checkpoint_dtype
     from pardec_cli.store.quantized import is_quantized_dir, stored_kind
 
     path = Path(path)
@@ -238,7 +239,7 @@ def load_model(
         # q8q8 of a dense checkpoint: read in its own 16 bits and quantized layer by layer,
         # the rest made float32 after (`_float32_but_records`): in float32 first, a 7B model
         # would take 28 GB before quantizing.
-        stored16 = str(raw_config.get("torch_dtype") or raw_config.get("dtype") or "")
+        stored16 = checkpoint_dtype(raw_config)
         read_dtype = stored16 if q8q8 and not stored_blocks and stored16 in ("bfloat16", "float16") else dtype
         kwargs: dict[str, Any] = {"config": config, "dtype": torch_dtype(read_dtype)}
         if device != "cpu":
@@ -351,7 +352,7 @@ def _own_kernels(*, device: str, dtype: str, q4q8: bool, notice: Callable[[str],
         if not kernels.avx2_runs(flags):
             raise PardecUsageError("--weights q4q8 needs a CPU with AVX512-VNNI or AVX2 (and FMA, F16C)",
                                    hint="use --weights int4")  # fmt: skip
-        _avx2_now(device=device, notice=notice, weights="q4q8")
+        _build_now(kernels.build_dir(kernels_dir(), kernels.avx2_library(flags)), notice)
         return "float32"
     if not q4q8 and not kernels.enabled():
         return None
@@ -363,8 +364,8 @@ def _own_kernels(*, device: str, dtype: str, q4q8: bool, notice: Callable[[str],
 
 
 def _avx2_now(*, device: str, notice: Callable[[str], None] | None, weights: str) -> None:
-    """Load pardec's AVX2 library for `weights` ("q4q8", "q8q8": int8 activation groups on
-    it), building it first where need be; a device or CPU that cannot run it is an error."""
+    """Load pardec's AVX2 library for `weights` ("q8q8": int8 activation groups on it),
+    building it first where need be; a device or CPU that cannot run it is an error."""
     from pardec_cli import kernels
     from pardec_cli.errors import PardecUsageError
     from pardec_cli.hardware import cpu_info
