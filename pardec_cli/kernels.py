@@ -37,9 +37,9 @@ call (``engine.native``): what the runner runs instead of its compiled graphs wh
 is exactly that (q4q8 or q8q8 layers in float32).
 
 Each library is compiled once per machine with torch's C++ extension builder into pardec's
-store. The first load that could use one starts a detached
-build (``python -m pardec_cli.kernels BUILD_DIR``) and goes on with torch's kernels, so no
-run waits; later loads take the library in milliseconds. ``--weights q4q8`` builds at
+store. The first load that could use one starts a detached build at the lowest CPU
+priority (``python -m pardec_cli.kernels BUILD_DIR``) and goes on with torch's kernels, so
+no run waits; later loads take the library in milliseconds. ``--weights q4q8`` builds at
 once. A failed build leaves a ``failed`` file with its reason (`status`; `pardec doctor`)
 and is not retried in the background. ``PARDEC_KERNELS=0`` keeps pardec to torch's
 kernels. This module imports torch only inside its functions.
@@ -308,5 +308,21 @@ def _register_fakes(library: Library = AVX512) -> None:
     torch.library.register_fake("pardec_q4::attention", lambda q, k, v, mask, scaling: q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3])))
 
 
-if __name__ == "__main__":  # the detached builder: python -m pardec_cli.kernels BUILD_DIR
-    build(Path(sys.argv[1]))
+def background_main(argv: list[str]) -> None:
+    """The detached builder (``python -m pardec_cli.kernels BUILD_DIR``): `build` at the
+    lowest CPU priority, so the run that started it keeps its cores (docs/weights.md, "Building")."""
+    if hasattr(os, "nice"):  # not on Windows
+        os.nice(19)  # the compiler processes inherit it
+    # Linux schedules each session as a group of its own, whose weight is the group's nice
+    # value: without this the line above does nothing. Only as the session's leader
+    # (`start_new_session`): run from a shell, it would slow the whole terminal.
+    if hasattr(os, "getsid") and os.getsid(0) == os.getpid():
+        try:
+            Path("/proc/self/autogroup").write_text("19", encoding="ascii")
+        except OSError:  # no autogroups (not Linux, or turned off)
+            pass
+    build(Path(argv[0]))
+
+
+if __name__ == "__main__":
+    background_main(sys.argv[1:])

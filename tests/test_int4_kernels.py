@@ -9,6 +9,8 @@ without the instructions; the layout, the loading choices and the faults run eve
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -716,3 +718,19 @@ def test_doctor_says_which_int4_kernels_run_and_why() -> None:
     assert "PARDEC_KERNELS=0" in line(enabled=False, status="built")
     assert "lacks AVX2" in line(bfloat16=False, int8=False, status="not built")
     assert line(bfloat16=False, status="built").endswith(": --weights q4q8 in bfloat16")
+
+
+def test_the_detached_build_runs_at_the_lowest_priority(tmp_path: Path) -> None:
+    # In a child process of its own session, as `build_in_background` starts it: lowering a
+    # priority cannot be undone, and Linux weighs a session's processes as one group.
+    autogroup = Path("/proc/self/autogroup")  # Linux's, where it has them
+    ours = autogroup.read_text() if autogroup.exists() else None
+    code = ("import os, sys, pardec_cli.kernels as k\n"
+            "from pathlib import Path\n"
+            "group = Path('/proc/self/autogroup')\n"
+            "k.build = lambda d: print(os.nice(0), group.read_text().split()[-1] if group.exists() else '-', d)\n"
+            "k.background_main(sys.argv[1:])\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True,
+                          start_new_session=True)
+    assert done.stdout.split() == ["19", "-" if ours is None else "19", str(tmp_path)]
+    assert (autogroup.read_text() if ours is not None else None) == ours  # the tests' own session keeps its weight
