@@ -148,5 +148,6 @@ def test_step_events_account_for_every_token():
         assert 0 <= e.accepted <= e.drafted
         assert len(e.tokens) == e.accepted + 1 or e.finish_reason is not None
         assert e.verify_s >= 0 and e.propose_s >= 0
+        assert 0 < e.forward_s <= e.verify_s  # the target's forward, inside the verification's time
     assert [e.index for e in events] == list(range(len(events)))
     assert all(a.elapsed_s <= b.elapsed_s for a, b in zip(events, events[1:]))

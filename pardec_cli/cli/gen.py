@@ -351,6 +351,7 @@ def step_record(chunk: Any, **extra: Any) -> dict[str, Any]:
         "accepted": event.accepted,
         "propose_s": round(event.propose_s, 5),
         "verify_s": round(event.verify_s, 5),
+        "forward_s": round(event.forward_s, 5),  # the target's forward, part of verify_s
         "elapsed_s": round(event.elapsed_s, 5),
         **({"arm": event.arm} if event.arm else {}),  # the configuration that drafted it (method adaptive)
     }

@@ -37,6 +37,10 @@ class StepEvent:
     elapsed_s: float  # since the generation started (prefill included)
     finish_reason: str | None = None
     arm: str = ""  # the configuration that drafted this step, when the method switches between several
+    # The target's forward alone, part of verify_s (the rest is the host's: verifying, the
+    # cache's kept path, the proposer's update). On a CPU the forward itself; where the
+    # device computes asynchronously (CUDA) only its launch, its compute lands in the rest.
+    forward_s: float = 0.0
 
 
 @dataclass

@@ -117,6 +117,7 @@ def decode(
                 logits, features = target.forward_features(inputs, cache, layers, parents=draft.parents)  # [k+1, V], [k+1, F]
             else:
                 logits, features = target.forward(inputs, cache, parents=draft.parents), None  # [k+1, V]
+            t_forward = perf_counter()
             verdict = _verify(draft, logits, sampling, generator)
             keep_path(cache, len(context), verdict.path)
             top_tokens = torch.topk(logits, top_k, dim=-1).indices if top_k else None  # [k+1, top_k]
@@ -137,7 +138,8 @@ def decode(
         t2 = perf_counter()
         accepted = min(verdict.accepted, len(tokens))
         yield StepEvent(index=step, tokens=tokens, drafted=len(draft.tokens), accepted=accepted, propose_s=t1 - t0,
-                        verify_s=t2 - t1, elapsed_s=t2 - start, finish_reason=finish, arm=draft.arm)
+                        verify_s=t2 - t1, elapsed_s=t2 - start, finish_reason=finish, arm=draft.arm,
+                        forward_s=t_forward - t1)
     del cache
 
 

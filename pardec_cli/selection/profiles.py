@@ -53,8 +53,9 @@ class Candidate:
     None for "scale the extra tokens by the default sampling discount"), `drafted` draft
     tokens verified, and the drafting cost: `draft_forwards` one-token target forwards
     of self-drafting compute (layer-skip), `draft_calls` forwards of an accelerator
-    (drafter model, heads), `draft_ms` host time. `pardec tune` replaces the priors
-    with measurements.
+    (drafter model, heads), `draft_ms` host time beyond plain decoding's (drafting,
+    verifying a tree, keeping its path: what the forwards' cost curve leaves out).
+    `pardec tune` replaces the priors with measurements.
     """
 
     method: str
