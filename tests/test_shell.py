@@ -23,7 +23,7 @@ from tests.conftest import TINY_CONTEXT
 
 RESULT_FIELDS = {"text", "model", "method", "knobs", "profile", "dtype", "weights", "device", "compiled", "runner", "finish_reason",
                  "stats"}
-STEP_FIELDS = {"type", "step", "text", "tokens", "drafted", "accepted", "propose_s", "verify_s", "elapsed_s"}
+STEP_FIELDS = {"type", "step", "text", "tokens", "drafted", "accepted", "propose_s", "verify_s", "forward_s", "elapsed_s"}
 def gen(model: Path, *args: str, input: str | None = None):
     # Greedy unless a test says otherwise: these prompts read as chat, whose profile samples.
     return invoke(["gen", "-m", str(model), "--dtype", "float32", "--temp", "0", *args], input=input)
