@@ -362,17 +362,38 @@ def test_the_step_curve_times_the_small_sizes_most_and_keeps_each_sizes_fastest(
         return now
 
     monkeypatch.setattr(curves.time, "perf_counter", fake_clock)
-    measured = curves.measure_step_curve(tiny_session)
+    measured = curves.measure_step_curve(tiny_session, budget_s=float("inf"))
     counts = {n: timed[2:].count(n) for n in curves.STEP_CURVE_POINTS}  # after the prefill and the warm-up
     assert counts == curves.STEP_CURVE_REPEATS and counts[1] > counts[32]
     assert dict(measured.points)[2] == 500.0 and dict(measured.points)[1] == 1000.0
+
+
+def test_the_step_curve_times_a_slow_step_once_a_size_and_skips_the_longer_text(tiny_session, monkeypatch) -> None:
+    """A step that takes 1 s (an eager float32 step on a small CPU takes 80 ms): the first
+    round times every size once, the budget stops the rest, and the 1500-token text (a long
+    prefill) is not measured; the curve is still whole."""
+    from pardec_cli.tuning import curve as curves
+
+    timed: list[int] = []
+    forward = tiny_session.target.forward
+
+    def counting(ids, cache, **kwargs):
+        timed.append(len(ids))
+        return forward(ids, cache, **kwargs)
+
+    monkeypatch.setattr(tiny_session.target, "forward", counting)
+    clock = iter(float(i) for i in range(10_000))
+    monkeypatch.setattr(curves.time, "perf_counter", lambda: next(clock))
+    measured = curves.measure_step_curve(tiny_session, budget_s=2.5)
+    assert sorted(timed[2:]) == sorted(curves.STEP_CURVE_POINTS)  # once each, after the prefill and the warm-up
+    assert [n for n, _ in measured.points] == list(curves.STEP_CURVE_POINTS) and measured.row_ms_per_1k == 0.0
 
 
 def test_the_step_curve_prices_each_row_per_token_of_text_from_a_second_longer_text(tiny_session, monkeypatch) -> None:
     from pardec_cli.selection.costmodel import CostCurve
     from pardec_cli.tuning import curve as curves
 
-    def measured(session, context_ids, *, points, repeats):
+    def measured(session, context_ids, *, points, repeats, budget_s=None):
         long = len(context_ids) > curves.STEP_CURVE_CONTEXT_TOKENS
         times = {1: 2.0, 8: 4.4} if long else {1: 1.0, 2: 1.1, 4: 1.2, 8: 2.0, 16: 3.0, 32: 5.0}
         return CostCurve.from_mapping({n: times[n] for n in points}, "fake")

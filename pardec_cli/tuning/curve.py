@@ -3,8 +3,9 @@
 The context is `context_tokens` tokens of a built-in tuning prompt, prefilled once;
 each measurement feeds n tokens on top of it as a draft tree (a chain written with the
 tree mask, the way tree methods verify) and rolls the cache back. Every n is measured
-`repeats` times in shuffled order (so machine drift does not fall on one n) and the
-fastest time is kept: on a shared machine the minimum is the most repeatable figure.
+`repeats` times, in rounds of every n still due in shuffled order (so machine drift does
+not fall on one n), and the fastest time is kept: on a shared machine the minimum is the
+most repeatable figure.
 """
 
 from __future__ import annotations
@@ -24,12 +25,17 @@ def measure_curve(
     points: Sequence[int] = CURVE_POINTS,
     repeats: int | Mapping[int, int] = 3,
     on_point: Callable[[int, int], None] | None = None,
+    budget_s: float | None = None,
 ) -> CostCurve:
     """Time one forward of each n in `points` after `context_ids` on `session`'s model,
-    `repeats` times (or `repeats[n]` times), in a shuffled order; each n keeps its fastest.
+    `repeats` times (or `repeats[n]` times), in rounds of every n still due (each round
+    shuffled); each n keeps its fastest.
 
-    `on_point(done, total)` is called after each timing (progress). A KeyboardInterrupt
-    propagates: a half-measured curve is not kept.
+    With `budget_s`, no round starts once the timed forwards have taken that long: every n
+    is timed at least once, and a slow step (an eager float32 one on a small CPU) is not
+    timed dozens of times. `on_point(done, total)` is called after each timing (progress;
+    `total` assumes every round). A KeyboardInterrupt propagates: a half-measured curve is
+    not kept.
     """
     import torch
 
@@ -39,23 +45,32 @@ def measure_curve(
     context = list(context_ids)
     longest = max(*points, 4)  # the warm-up below feeds 4 tokens
     filler = (context * (longest // max(len(context), 1) + 1))[:longest]  # tokens to feed: their values do not matter
-    order = [n for n in points for _ in range(repeats[n] if isinstance(repeats, Mapping) else repeats)]
-    random.Random(0).shuffle(order)
+    due = {n: repeats[n] if isinstance(repeats, Mapping) else repeats for n in points}
+    rounds = [[n for n in points if due[n] > r] for r in range(max(due.values(), default=0))]
+    shuffler = random.Random(0)
+    for order in rounds:
+        shuffler.shuffle(order)
+    total, done, spent = sum(due.values()), 0, 0.0
     best: dict[int, float] = {}
     with torch.inference_mode():
         cache = target.new_cache()
         target.forward(context, cache, last_only=True)
         target.forward(filler[:4], cache, parents=(-1, 0, 1))  # warm-up: kernels, allocator
         rollback_to(cache, len(context))
-        for done, n in enumerate(order, start=1):
-            parents = tuple(range(-1, n - 2)) if n > 1 else None
-            start = time.perf_counter()
-            target.forward(filler[:n], cache, parents=parents)
-            elapsed = time.perf_counter() - start
-            rollback_to(cache, len(context))
-            best[n] = min(best.get(n, float("inf")), elapsed * 1000)
-            if on_point:
-                on_point(done, len(order))
+        for order in rounds:
+            if budget_s is not None and best and spent >= budget_s:
+                break
+            for n in order:
+                parents = tuple(range(-1, n - 2)) if n > 1 else None
+                start = time.perf_counter()
+                target.forward(filler[:n], cache, parents=parents)
+                elapsed = time.perf_counter() - start
+                rollback_to(cache, len(context))
+                best[n] = min(best.get(n, float("inf")), elapsed * 1000)
+                spent += elapsed
+                done += 1
+                if on_point:
+                    on_point(done, total)
     day = time.strftime("%Y-%m-%d")
     return CostCurve.from_mapping(best, f"measured by pardec tune on {day}, {len(context)}-token context")
 
@@ -85,18 +100,28 @@ STEP_CURVE_LONG_CONTEXT_TOKENS = 1500
 STEP_CURVE_LONG_ROWS = 8
 
 
-def measure_step_curve(session: Any, *, repeats: int | Mapping[int, int] = STEP_CURVE_REPEATS) -> CostCurve:
+#: The forwards `measure_step_curve` times at most this long (seconds), and measures the
+#: longer text only when they took less: a fast step (4 ms) fits every repeat in a fraction
+#: of it; an eager float32 step on a 2-core AVX2 CPU (80 ms) took 13 s with every repeat.
+STEP_CURVE_BUDGET_S = 1.5
+
+
+def measure_step_curve(session: Any, *, repeats: int | Mapping[int, int] = STEP_CURVE_REPEATS,
+                       budget_s: float = STEP_CURVE_BUDGET_S) -> CostCurve:
     """The cost curve of `session`'s own steps (its runner, dtype and weights), measured in
     about two seconds: for `--method auto` where `pardec tune` never ran (`Session.auto_selector`).
     Besides the curve after `STEP_CURVE_CONTEXT_TOKENS` tokens, 1 and 8 rows after
-    `STEP_CURVE_LONG_CONTEXT_TOKENS` (where the model's context holds them): the rows'
-    extra cost there over the 7 rows' extra cost at the curve, per row and 1000 tokens."""
-    curve = measure_curve(session, plain_context(session), points=STEP_CURVE_POINTS, repeats=repeats)
+    `STEP_CURVE_LONG_CONTEXT_TOKENS` (where the model's context holds them and the steps are
+    fast enough to measure within `budget_s`): the rows' extra cost there over the 7 rows'
+    extra cost at the curve, per row and 1000 tokens."""
+    started = time.monotonic()
+    curve = measure_curve(session, plain_context(session), points=STEP_CURVE_POINTS, repeats=repeats, budget_s=budget_s)
     day = time.strftime("%Y-%m-%d")
     per_1k = 0.0
     limit = session.target.max_context
     long_tokens = STEP_CURVE_LONG_CONTEXT_TOKENS
-    if limit is None or long_tokens + STEP_CURVE_LONG_ROWS < limit:
+    in_time = time.monotonic() - started < budget_s
+    if in_time and (limit is None or long_tokens + STEP_CURVE_LONG_ROWS < limit):
         rows = STEP_CURVE_LONG_ROWS
         long = measure_curve(session, plain_context(session, long_tokens), points=(1, rows), repeats=3)
         grown = (long.ms(rows) - long.ms(1)) - (curve.ms(rows) - curve.ms(1))
