@@ -52,6 +52,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -263,6 +264,21 @@ def ready(directory: Path) -> bool:
         return True
     build_in_background(directory)
     return False
+
+
+def wait_for_build(directory: Path, timeout_s: float, *, poll_s: float = 0.2) -> bool:
+    """Wait up to `timeout_s` seconds for the library in `directory` to be built by another
+    process (a detached build); True when it is built by then, False at once when the
+    build failed. A build that is still running goes on (`build_in_background`'s)."""
+    deadline = time.monotonic() + timeout_s
+    library = directory / f"{library_of(directory).name}.so"
+    while True:
+        # The linker writes the file before the build lets go of its lock: both are needed.
+        if library.is_file() and not _build_running(directory):
+            return True
+        if (directory / FAILED).is_file() or time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
 
 
 def _build_running(directory: Path) -> bool:

@@ -239,17 +239,24 @@ class Session:
         from pardec_cli.engine.native import native_reason
         from pardec_cli.engine.runner import GRAPH_KINDS, CompiledLanguageModel, step_file
         from pardec_cli.hardware import resolve_device, resolve_dtype
-        from pardec_cli.store.loading import load_model, native_auto
+        from pardec_cli.store.embedded import embedded_pending
+        from pardec_cli.store.loading import NATIVE_BUILD_WAIT_S, load_model, native_auto, start_native_build
         from pardec_cli.store.resolve import resolve_model
 
         if compile not in COMPILE_MODES:
             raise PardecUsageError(f"compile must be one of {', '.join(COMPILE_MODES)}, not {compile!r}")
         device = resolve_device(device)
+        auto = (dtype or "auto").strip().lower() == "auto"
+        # A first run converts the embedded model (tens of seconds on one core): the native
+        # step's kernels build beside it and are waited for where the step this run would
+        # take instead is eager float32 (no bfloat16 hardware), ten times slower.
+        early = auto and device == "cpu" and model_spec is None and embedded_pending() and start_native_build()
+        wait_s = NATIVE_BUILD_WAIT_S if early and resolve_dtype(dtype, device) == "float32" else 0.0
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
         # auto: float32 where the native step runs the model (a GGUF's 4-bit blocks, auto's
         # q8q8 of dense layers) once its kernels are built here, and for q8q8 asked for
-        auto = (dtype or "auto").strip().lower() == "auto"
-        native = auto and device == "cpu" and (weights == "q8q8" or native_auto(resolved.path, weights, start=True))
+        native = auto and device == "cpu" and (
+            weights == "q8q8" or native_auto(resolved.path, weights, start=True, wait_s=wait_s, notice=notice))
         dtype = resolve_dtype(dtype, device, blocks4=native)
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights, notice=notice)
         # auto: compile for long-lived sessions and long work; for shorter work only when an

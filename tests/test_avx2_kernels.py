@@ -184,6 +184,50 @@ def test_use_avx2_puts_float32_layers_and_the_head_on_the_kernel_over_their_own_
     assert use_avx2(model) == 0
 
 
+
+@pytest.mark.parametrize("bf16_hardware", [False, True])
+def test_a_first_run_builds_the_native_step_s_kernels_beside_the_conversion_and_waits_where_eager_would_be_slow(
+    avx2_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch, bf16_hardware: bool  # noqa: F811
+) -> None:
+    """The embedded model's first run: the AVX2 build starts before the conversion; where
+    the run would otherwise decode eagerly in float32 it waits for the build (with a notice)
+    and runs the native step; where the CPU has bfloat16 hardware it does not wait."""
+    from pardec_cli import hardware
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.session import Session
+    from pardec_cli.store import embedded, resolve
+    from pardec_cli.store.gguf_import import import_gguf
+
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    path = import_gguf(tiny_gguf, "tiny-q")
+    cpu = cpu_info()
+    if bf16_hardware:
+        cpu = hardware.CpuInfo(cpu.model_name, cpu.logical_cores, frozenset(cpu.flags | {"avx512_bf16"}))
+        monkeypatch.setattr(hardware, "cpu_info", lambda: cpu)
+    store = kernels.build_dir(kernels_dir(), kernels.avx2_library(cpu.flags))
+    events: list[str] = []
+    monkeypatch.setattr(embedded, "embedded_pending", lambda: True)
+    monkeypatch.setattr(kernels, "build_in_background", lambda directory: events.append("build") or directory == store)
+
+    def converted(spec: str | None, **kwargs: Any) -> resolve.ResolvedModel:
+        events.append("convert")
+        return resolve.ResolvedModel("smollm2-135m", path, "store")
+
+    def wait(directory: Path, timeout_s: float, **kwargs: Any) -> bool:
+        events.append("wait")
+        built_in(directory, avx2_dir)
+        return True
+
+    monkeypatch.setattr(resolve, "resolve_model", converted)
+    monkeypatch.setattr(kernels, "wait_for_build", wait)
+    notices: list[str] = []
+    session = Session.load(None, compile="auto", notice=notices.append)
+    if bf16_hardware:  # its fallback is bfloat16 on torch's int4 kernel: no wait
+        assert events[:2] == ["build", "convert"] and "wait" not in events and session.runner != "native"
+    else:
+        assert events[:3] == ["build", "convert", "wait"] and session.runner == "native"
+        assert (session.dtype, session.weights) == ("float32", "q4q8") and "waiting" in notices[0]
+
 def built_in(directory: Path, avx2_dir: Path) -> None:
     """Make `directory` (a store's build directory of this CPU's library) hold the run's build."""
     directory.mkdir(parents=True)

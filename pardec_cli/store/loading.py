@@ -408,19 +408,21 @@ def auto_native(stored_blocks: bool, weights: str) -> bool:
     return weights == "auto" and (stored_blocks or not cpu_info().has_amx_bf16)
 
 
-def native_auto(path: Path | None, weights: str = "auto", *, start: bool = False) -> bool:
+def native_auto(path: Path | None, weights: str = "auto", *, start: bool = False, wait_s: float = 0.0,
+                notice: Callable[[str], None] | None = None) -> bool:
     """Whether `--dtype auto` loads the model in `path` in float32 for the native step
     (`hardware.resolve_dtype`'s `blocks4`): it is kept as GGUF 4-bit blocks (`native_blocks`),
     or it is dense, `weights` is auto and auto's q8q8 runs here (`auto_native`), and pardec's
     AVX2 kernels are built. With `start`, a store without them starts their build in the
-    background for later loads (this one keeps its dtype)."""
+    background for later loads (this one keeps its dtype); with `wait_s`, a build already
+    running is waited for that long first (saying so to `notice`)."""
     from pardec_cli.store.quantized import is_quantized_dir
 
     if path is None:
         return False
-    if is_quantized_dir(path):
-        return native_blocks(path, start=start)
-    return auto_native(False, weights) and _avx2_kernels(blocks4=True, start=start)
+    if not is_quantized_dir(path) and not auto_native(False, weights):
+        return False
+    return _avx2_kernels(blocks4=True, start=start, wait_s=wait_s, notice=notice)
 
 
 def native_blocks(path: Path | None, *, start: bool = False) -> bool:
@@ -433,12 +435,34 @@ def native_blocks(path: Path | None, *, start: bool = False) -> bool:
     return path is not None and is_quantized_dir(path) and _avx2_kernels(blocks4=True, start=start)
 
 
-def _avx2_kernels(*, blocks4: bool, start: bool = True) -> bool:
+#: How long a first run that started the AVX2 build before converting the embedded model
+#: waits for it to finish (`Session.load`): the build took 30 s on one core of a 2-core AVX2
+#: EPYC, the conversion beside it 27 s, and the step it would run instead was 10x slower.
+NATIVE_BUILD_WAIT_S = 60.0
+
+
+def start_native_build() -> bool:
+    """Start the detached build of pardec's AVX2 library where this CPU runs the native step
+    and it is neither built nor being built; True when one was started. A first run calls
+    it before converting the embedded model, so that the two share the time."""
+    from pardec_cli import kernels
+    from pardec_cli.hardware import cpu_info
+    from pardec_cli.home import kernels_dir
+
+    flags = cpu_info().flags
+    if not kernels.enabled() or not kernels.avx2_wanted(flags, blocks4=True):
+        return False
+    return kernels.build_in_background(kernels.build_dir(kernels_dir(), kernels.avx2_library(flags)))
+
+
+def _avx2_kernels(*, blocks4: bool, start: bool = True, wait_s: float = 0.0,
+                  notice: Callable[[str], None] | None = None) -> bool:
     """Whether float32 layers go to pardec's AVX2 kernels in this load (`kernels.AVX2`):
     where this CPU wants them (`kernels.avx2_wanted`; `blocks4`: a model's 4-bit blocks
     with auto's weights) and they are built in the store, loaded then; with `start`, a
-    first load starts their build in the background and keeps torch's kernels meanwhile
-    (without, nothing is loaded or started: `pardec doctor` asks)."""
+    first load starts their build in the background and keeps torch's kernels meanwhile,
+    after waiting up to `wait_s` for one that is running (without `start`, nothing is
+    loaded or started: `pardec doctor` asks)."""
     from pardec_cli import kernels
     from pardec_cli.hardware import cpu_info
     from pardec_cli.home import kernels_dir
@@ -447,7 +471,13 @@ def _avx2_kernels(*, blocks4: bool, start: bool = True) -> bool:
     if not kernels.enabled() or not kernels.avx2_wanted(flags, blocks4=blocks4):
         return False
     directory = kernels.build_dir(kernels_dir(), kernels.avx2_library(flags))
-    return kernels.ready(directory) if start else kernels.status(directory) == "built"
+    if not start:
+        return kernels.status(directory) == "built"
+    if wait_s > 0 and not kernels.load(directory):  # the caller started the build (a failed one ends the wait)
+        if notice is not None:
+            notice("waiting for pardec's AVX2 kernels, built once for this CPU")
+        kernels.wait_for_build(directory, wait_s)
+    return kernels.ready(directory)
 
 
 def _check_still_there(path: Path) -> None:
