@@ -520,6 +520,23 @@ def test_import_list_show_rm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert list(models_dir().iterdir()) == []  # no hidden leftovers either
 
 
+
+def test_import_starts_the_native_step_s_kernels_building_before_it_converts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The conversion takes one core for tens of seconds: the kernels that run the GGUF's
+    blocks build beside it, once, and the user is told (not with -q, nor where none start)."""
+    from pardec_cli.store import loading
+
+    events: list[str] = []
+    monkeypatch.setattr(loading, "start_native_build", lambda: events.append("build") or True)
+    monkeypatch.setattr(gguf_import, "_convert", lambda *args, **kwargs: events.append("convert") or fake_convert(*args, **kwargs))
+    gguf = write_gguf_header(tmp_path / "My-Model.Q4_K_M.gguf", "llama")
+    result = invoke(["import", str(gguf)])
+    assert result.exit_code == 0, result.stderr
+    assert events == ["build", "convert"] and "building pardec's AVX2 kernels" in result.stderr
+    monkeypatch.setattr(loading, "start_native_build", lambda: False)  # built already, or not this CPU
+    again = invoke(["import", str(gguf), "--name", "again"])
+    assert again.exit_code == 0 and "building" not in again.stderr
+
 def test_import_errors(tmp_path: Path) -> None:
     missing = invoke(["import", str(tmp_path / "nope.gguf")])
     assert missing.exit_code == 1 and "GGUF file not found" in missing.stderr

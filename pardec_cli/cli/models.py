@@ -409,9 +409,14 @@ def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_re
             hint="choose another --name, or pass --force to replace it",
         )
     from pardec_cli.progress import ProgressDisplay, progress_wanted
+    from pardec_cli.store.loading import start_native_build
 
     if not quiet:
         _say(f"converting {file.name} ({architecture}) into {name} ({dtype}); big models take minutes")
+    # The conversion is Python on one core: the native step's kernels, which run the GGUF's
+    # blocks, build beside it (once for this machine) for the runs that follow.
+    if start_native_build() and not quiet:
+        _say("building pardec's AVX2 kernels for this CPU in the background (once)")
     start = time.perf_counter()
     with ProgressDisplay(progress_wanted(quiet)) as display:
         path = convert(file, name, overwrite=force, source_repo=source_repo, dtype=dtype, report=display.stages())
