@@ -340,17 +340,23 @@ def test_auto_measures_this_machines_step_costs_once_and_later_sessions_read_the
     assert later.auto_selector().measured_curve == kept and len(notices) == 1  # read, not measured again
 
 
-def test_the_step_curve_times_the_small_sizes_most_and_keeps_each_sizes_fastest(tiny_session, monkeypatch) -> None:
-    from pardec_cli.tuning import curve as curves
-
+def counted_forwards(session, monkeypatch) -> list[int]:
+    """The number of tokens of each forward `session`'s target runs from now on."""
     timed: list[int] = []
-    forward = tiny_session.target.forward
+    forward = session.target.forward
 
     def counting(ids, cache, **kwargs):
         timed.append(len(ids))
         return forward(ids, cache, **kwargs)
 
-    monkeypatch.setattr(tiny_session.target, "forward", counting)
+    monkeypatch.setattr(session.target, "forward", counting)
+    return timed
+
+
+def test_the_step_curve_times_the_small_sizes_most_and_keeps_each_sizes_fastest(tiny_session, monkeypatch) -> None:
+    from pardec_cli.tuning import curve as curves
+
+    timed = counted_forwards(tiny_session, monkeypatch)
     clock = iter(float(i) for i in range(10_000))  # every timing 1 s, but n=2's fourth: 0.5 s
     ticks: list[float] = []
 
@@ -374,14 +380,7 @@ def test_the_step_curve_times_a_slow_step_once_a_size_and_skips_the_longer_text(
     prefill) is not measured; the curve is still whole."""
     from pardec_cli.tuning import curve as curves
 
-    timed: list[int] = []
-    forward = tiny_session.target.forward
-
-    def counting(ids, cache, **kwargs):
-        timed.append(len(ids))
-        return forward(ids, cache, **kwargs)
-
-    monkeypatch.setattr(tiny_session.target, "forward", counting)
+    timed = counted_forwards(tiny_session, monkeypatch)
     clock = iter(float(i) for i in range(10_000))
     monkeypatch.setattr(curves.time, "perf_counter", lambda: next(clock))
     measured = curves.measure_step_curve(tiny_session, budget_s=2.5)

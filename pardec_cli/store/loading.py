@@ -420,19 +420,22 @@ def native_auto(path: Path | None, weights: str = "auto", *, start: bool = False
 
     if path is None:
         return False
-    if not is_quantized_dir(path) and not auto_native(False, weights):
-        return False
-    return _avx2_kernels(blocks4=True, start=start, wait_s=wait_s, notice=notice)
+    if is_quantized_dir(path):
+        return native_blocks(path, start=start, wait_s=wait_s, notice=notice)
+    return auto_native(False, weights) and _avx2_kernels(blocks4=True, start=start, wait_s=wait_s, notice=notice)
 
 
-def native_blocks(path: Path | None, *, start: bool = False) -> bool:
+def native_blocks(path: Path | None, *, start: bool = False, wait_s: float = 0.0,
+                  notice: Callable[[str], None] | None = None) -> bool:
     """Whether the model in `path` is kept as GGUF 4-bit blocks and pardec's AVX2 kernels,
     which run those as q4q8 in float32 (the native step), are built here: what `--dtype
     auto` weighs (`hardware.resolve_dtype`'s `blocks4`). With `start`, a store without
-    them starts their build in the background for later loads (this one keeps its dtype)."""
+    them starts their build in the background for later loads (this one keeps its dtype),
+    after waiting up to `wait_s` for a build already running (see `_avx2_kernels`)."""
     from pardec_cli.store.quantized import is_quantized_dir
 
-    return path is not None and is_quantized_dir(path) and _avx2_kernels(blocks4=True, start=start)
+    return path is not None and is_quantized_dir(path) and _avx2_kernels(blocks4=True, start=start, wait_s=wait_s,
+                                                                          notice=notice)  # fmt: skip
 
 
 #: How long a first run that started the AVX2 build before converting the embedded model
