@@ -449,13 +449,23 @@ def start_native_build() -> bool:
     and it is neither built nor being built; True when one was started. A first run calls
     it before converting the embedded model, so that the two share the time."""
     from pardec_cli import kernels
+
+    directory = _avx2_dir(blocks4=True)
+    return directory is not None and kernels.build_in_background(directory)
+
+
+def _avx2_dir(*, blocks4: bool) -> Path | None:
+    """The store's build directory of pardec's AVX2 library for this CPU, where float32
+    layers go to it (`kernels.avx2_wanted`; `blocks4`: a model's 4-bit blocks with auto's
+    weights) and `PARDEC_KERNELS` allows it; else None."""
+    from pardec_cli import kernels
     from pardec_cli.hardware import cpu_info
     from pardec_cli.home import kernels_dir
 
     flags = cpu_info().flags
-    if not kernels.enabled() or not kernels.avx2_wanted(flags, blocks4=True):
-        return False
-    return kernels.build_in_background(kernels.build_dir(kernels_dir(), kernels.avx2_library(flags)))
+    if not kernels.enabled() or not kernels.avx2_wanted(flags, blocks4=blocks4):
+        return None
+    return kernels.build_dir(kernels_dir(), kernels.avx2_library(flags))
 
 
 def _avx2_kernels(*, blocks4: bool, start: bool = True, wait_s: float = 0.0,
@@ -467,13 +477,10 @@ def _avx2_kernels(*, blocks4: bool, start: bool = True, wait_s: float = 0.0,
     after waiting up to `wait_s` for one that is running (without `start`, nothing is
     loaded or started: `pardec doctor` asks)."""
     from pardec_cli import kernels
-    from pardec_cli.hardware import cpu_info
-    from pardec_cli.home import kernels_dir
 
-    flags = cpu_info().flags
-    if not kernels.enabled() or not kernels.avx2_wanted(flags, blocks4=blocks4):
+    directory = _avx2_dir(blocks4=blocks4)
+    if directory is None:
         return False
-    directory = kernels.build_dir(kernels_dir(), kernels.avx2_library(flags))
     if not start:
         return kernels.status(directory) == "built"
     if wait_s > 0 and not kernels.load(directory):  # the caller started the build (a failed one ends the wait)

@@ -100,9 +100,10 @@ STEP_CURVE_LONG_CONTEXT_TOKENS = 1500
 STEP_CURVE_LONG_ROWS = 8
 
 
-#: The forwards `measure_step_curve` times at most this long (seconds), and measures the
-#: longer text only when they took less: a fast step (4 ms) fits every repeat in a fraction
-#: of it; an eager float32 step on a 2-core AVX2 CPU (80 ms) took 13 s with every repeat.
+#: The forwards `measure_step_curve` times at most this long (seconds), and it measures the
+#: longer text only when the first text's prefill and timings took less: a fast step (4 ms)
+#: fits every repeat in a fraction of it; an eager float32 step on a 2-core AVX2 CPU (80 ms)
+#: took 13 s with every repeat.
 STEP_CURVE_BUDGET_S = 1.5
 
 
