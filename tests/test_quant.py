@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from pardec_cli import quant
-from pardec_cli.errors import PardecUsageError
+from pardec_cli.errors import ModelLoadError, PardecUsageError
 from pardec_cli.hardware import cpu_info
 from pardec_cli.quant import (
     DENSE_FROM_ROWS, Int4Linear, Int8Head, Int8Linear, cpu_pack_block, merge_identical_products, quantize_head,
@@ -433,6 +433,24 @@ def test_a_kept_gguf_loads_to_exactly_transformers_dequantized_weights(tiny_gguf
     assert set(ours) == set(theirs)
     for name in theirs:
         assert torch.equal(ours[name], theirs[name]), name
+
+
+def test_gguf_names_are_transformers_own_map(tiny_gguf: Path) -> None:
+    """`gguf_hf_names` builds gguf's name table once; transformers' map, which builds it for
+    every module, is the reference."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, get_gguf_hf_weights_map
+
+    from pardec_cli.store.quantized import gguf_hf_names
+
+    config = AutoConfig.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    ours = gguf_hf_names(skeleton, "llama", config.num_hidden_layers)
+    assert ours == get_gguf_hf_weights_map(skeleton, LlamaTensorProcessor(config=config.to_dict()))
+    assert ours["blk.1.attn_q.weight"] == "model.layers.1.self_attn.q_proj.weight"
+    with pytest.raises(ModelLoadError, match="'foonet'"):
+        gguf_hf_names(skeleton, "foonet", config.num_hidden_layers)
 
 
 def test_int4_from_kept_codes_equals_the_dequantized_weights(tiny_gguf: Path) -> None:
