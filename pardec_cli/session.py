@@ -235,9 +235,6 @@ class Session:
         more than the runner's break-even on this device. `notice` receives the runner's
         one-line messages (compiling, falling back to eager).
         """
-        from pardec_cli.engine.compile_policy import compile_pays
-        from pardec_cli.engine.native import native_reason
-        from pardec_cli.engine.runner import GRAPH_KINDS, CompiledLanguageModel, step_file
         from pardec_cli.hardware import resolve_device, resolve_dtype
         from pardec_cli.store.embedded import embedded_pending
         from pardec_cli.store.loading import NATIVE_BUILD_WAIT_S, load_model, native_auto, start_native_build
@@ -252,6 +249,10 @@ class Session:
         # take instead is eager float32 (no bfloat16 hardware), ten times slower.
         early = auto and device == "cpu" and model_spec is None and embedded_pending() and start_native_build()
         wait_s = NATIVE_BUILD_WAIT_S if early and resolve_dtype(dtype, device) == "float32" else 0.0
+        # Imported after the build started: transformers' modules take seconds to import.
+        from pardec_cli.engine.compile_policy import compile_pays
+        from pardec_cli.engine.native import native_reason
+        from pardec_cli.engine.runner import GRAPH_KINDS, CompiledLanguageModel, step_file
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
         # auto: float32 where the native step runs the model (a GGUF's 4-bit blocks, auto's
         # q8q8 of dense layers) once its kernels are built here, and for q8q8 asked for
