@@ -374,6 +374,12 @@ def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: s
         written[name] = w
         if kind == T.F32:
             writer.add_tensor(name, w)
+        elif kind == T.Q4_K:  # gguf cannot quantize K-quants: random codes, scales and mins
+            blocks = rng.integers(0, 256, (shape[0], shape[1] // 256, 144), dtype=np.uint8)
+            blocks[..., 0:4] = np.array([0.0013, 0.0007], dtype=np.float16).view(np.uint8)  # d, dmin
+            q = blocks.reshape(shape[0], -1)
+            written[name] = gguf.quants.dequantize(q, kind).reshape(shape)
+            writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
         else:
             q = gguf.quants.quantize(w, kind)  # uint8 [rows, bytes per row]
             writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
@@ -433,6 +439,36 @@ def test_a_kept_gguf_loads_to_exactly_transformers_dequantized_weights(tiny_gguf
     assert set(ours) == set(theirs)
     for name in theirs:
         assert torch.equal(ours[name], theirs[name]), name
+
+
+def test_q4_k_blocks_are_kept_as_4_bit_codes_with_float16_scales(tmp_path: Path) -> None:
+    """Q4_K (the usual K-quant files' 4-bit type): the codes as they are, each 32 inputs'
+    scale d * sc and min -dmin * m rounded to float16 (pardec's q4 layout): within that
+    rounding of ggml's dequantization, and a quarter of a GGUF tensor's size more at most."""
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM
+
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+
+    gguf_path = tmp_path / "tiny.Q4_K.gguf"
+    write_tiny_gguf(gguf_path, hidden=256, linears="Q4_K")
+    path = import_gguf(gguf_path, "tiny-k")
+    layout = json.loads((path / "pardec-quant.json").read_text())["tensors"]
+    assert layout["model.layers.1.mlp.down_proj.weight"] == layout["model.layers.0.self_attn.k_proj.weight"] == "q4"
+    tensor_bytes = sum(t.n_bytes for t in GGUFReader(str(gguf_path)).tensors)
+    assert (path / "pardec-quant.safetensors").stat().st_size <= 1.25 * tensor_bytes
+    model, _ = load_model(path, dtype="float32", device="cpu", weights="full")
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=gguf_path.name, dtype=torch.float32)
+    ours, theirs = model.state_dict(), reference.state_dict()
+    for name in theirs:
+        bound = 2**-11 * 16 * theirs[name].abs().max() + 1e-7  # (15 |scale| + |min|) in float16
+        assert (ours[name] - theirs[name]).abs().max() <= bound, name
+    assert not torch.equal(ours["model.layers.0.mlp.up_proj.weight"], theirs["model.layers.0.mlp.up_proj.weight"])
+    packed, _ = load_model(path, dtype="float32", device="cpu", weights="int4")
+    layer = packed.model.layers[0].self_attn.q_proj
+    assert isinstance(layer, Int4Linear)
+    assert torch.allclose(layer.dequantize(), model.model.layers[0].self_attn.q_proj.weight, atol=1e-5)
 
 
 def test_gguf_names_are_transformers_own_map(tiny_gguf: Path) -> None:

@@ -63,32 +63,63 @@ def stored_kind(path: Path) -> str | None:
 
 
 def _gguf_blocks(tensor: Any) -> tuple[str, dict[str, np.ndarray]] | None:
-    """Split a Q4_0/Q4_1/Q8_0 GGUF tensor into codes and scales (numpy), else None.
+    """Split a Q4_0/Q4_1/Q4_K/Q8_0 GGUF tensor into codes and scales (numpy), else None.
 
-    ``tensor.data`` is uint8 [N, K/32 * bytes per block]. Q4_1 block (20 bytes):
-    d f16, m f16, 16 bytes whose low nibbles are elements 0..15 and high nibbles 16..31;
-    Q4_0 (18 bytes) has no m (w = (q - 8) d); Q8_0 (34 bytes): d f16, 32 x int8.
+    ``tensor.data`` is uint8 [N, K/32 * bytes per block] (Q4_K: [N, K/256 * 144]). Q4_1
+    block (20 bytes): d f16, m f16, 16 bytes whose low nibbles are elements 0..15 and high
+    nibbles 16..31; Q4_0 (18 bytes) has no m (w = (q - 8) d); Q8_0 (34 bytes): d f16, 32 x
+    int8; Q4_K: `_q4_k_blocks`.
     """
     import numpy as np
     from gguf import GGMLQuantizationType as T
 
     kind = tensor.tensor_type
-    if kind not in (T.Q4_0, T.Q4_1, T.Q8_0) or len(tensor.data.shape) != 2:
+    if kind not in (T.Q4_0, T.Q4_1, T.Q4_K, T.Q8_0) or len(tensor.data.shape) != 2:
         return None
     n = tensor.data.shape[0]
-    size = {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind]
-    blocks = np.ascontiguousarray(tensor.data).reshape(n, -1, size)  # [N, K/32, bytes]
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]  # [N, K/32]
-    if kind == T.Q8_0:
-        codes = blocks[..., 2:].copy().view(np.int8).reshape(n, -1)  # [N, K]
-        return "q8", {"q8_codes": codes, "q8_scale": d}
-    if kind == T.Q4_1:
-        m, qs = blocks[..., 2:4].copy().view(np.float16)[..., 0], blocks[..., 4:]
+    if kind == T.Q4_K:
+        q, d, m = _q4_k_blocks(np.ascontiguousarray(tensor.data).reshape(n, -1, 144))
     else:
-        m, qs = (d * np.float16(-8)).astype(np.float16), blocks[..., 2:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)  # [N, K], 0..15
+        size = {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind]
+        blocks = np.ascontiguousarray(tensor.data).reshape(n, -1, size)  # [N, K/32, bytes]
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]  # [N, K/32]
+        if kind == T.Q8_0:
+            codes = blocks[..., 2:].copy().view(np.int8).reshape(n, -1)  # [N, K]
+            return "q8", {"q8_codes": codes, "q8_scale": d}
+        if kind == T.Q4_1:
+            m, qs = blocks[..., 2:4].copy().view(np.float16)[..., 0], blocks[..., 4:]
+        else:
+            m, qs = (d * np.float16(-8)).astype(np.float16), blocks[..., 2:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)  # [N, K], 0..15
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)  # [N, K/2]
     return "q4", {"q4_codes": packed, "q4_scale": d, "q4_min": m}
+
+
+def _q4_k_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K super-blocks uint8 [N, S, 144] -> codes [N, 256 S] (0..15), scale and min
+    float16 [N, 8 S]: w = q * scale + min, per 32 inputs, as Q4_1 stores them.
+
+    A super-block (ggml's ``block_q4_K``): d and dmin f16, 12 bytes of eight 6-bit scales
+    and mins, 128 bytes of codes: chunk c (32 bytes) holds inputs 64c..64c+31 in its low
+    nibbles and the next 32 in its high ones. ggml dequantizes sub-block j as
+    d * sc_j * q - dmin * m_j: the codes are kept as they are, each sub-block's scale
+    d * sc_j and min -dmin * m_j (computed in float32, as ggml does) rounded to float16,
+    pardec's q4 layout (a relative change of at most 2^-11, against a 4-bit code's 1/15).
+    """
+    import numpy as np
+
+    n = blocks.shape[0]
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, S]
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed = blocks[..., 4:16]  # ggml's get_scale_min_k4: sub-blocks 0-3 in 6 bits, 4-7 split
+    low, mid, high = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate([low & 63, (high & 0x0F) | ((low >> 6) << 4)], axis=-1).astype(np.float32)  # [N, S, 8]
+    mins = np.concatenate([mid & 63, (high >> 4) | ((mid >> 6) << 4)], axis=-1).astype(np.float32)
+    scale = (d[..., None] * sc).astype(np.float16).reshape(n, -1)  # [N, 8 S]
+    minimum = (-(dmin[..., None] * mins)).astype(np.float16).reshape(n, -1)
+    qs = blocks[..., 16:].reshape(n, -1, 4, 32)  # [N, S, chunk, 32]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)  # [N, 256 S]
+    return q, scale, minimum
 
 
 def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str | None,
