@@ -343,10 +343,12 @@ def test_weights_modes_resolve_and_a_bad_one_is_a_usage_error() -> None:
 TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("!"), ord("!") + 93)]  # 96 tokens
 
 
-def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: str = "Q4_1") -> dict[str, np.ndarray]:
-    """A tiny llama GGUF (Q4_1 linears, or `linears` another GGUF type's name; Q8_0
-    embedding, F32 norms); returns the float weights written, by GGUF name, before
-    quantization."""
+def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: str = "Q4_1",
+                    down: str | None = None) -> dict[str, np.ndarray]:
+    """A tiny llama GGUF (Q4_1 linears, or `linears` another GGUF type's name, ffn_down
+    `down`'s where given, as Q4_K_M files mix in Q6_K; Q8_0 embedding, F32 norms); returns
+    the float weights written, by GGUF name, before quantization (K-quants: as ggml
+    dequantizes them)."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -374,9 +376,11 @@ def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: s
         written[name] = w
         if kind == T.F32:
             writer.add_tensor(name, w)
-        elif kind == T.Q4_K:  # gguf cannot quantize K-quants: random codes, scales and mins
-            blocks = rng.integers(0, 256, (shape[0], shape[1] // 256, 144), dtype=np.uint8)
-            blocks[..., 0:4] = np.array([0.0013, 0.0007], dtype=np.float16).view(np.uint8)  # d, dmin
+        elif kind in (T.Q4_K, T.Q6_K):  # gguf cannot quantize K-quants: random codes and scales
+            size, scales = {T.Q4_K: (144, slice(0, 4)), T.Q6_K: (210, slice(208, 210))}[kind]
+            blocks = rng.integers(0, 256, (shape[0], shape[1] // 256, size), dtype=np.uint8)
+            blocks[..., scales] = np.array([0.0013, 0.0007][: (scales.stop - scales.start) // 2],
+                                           dtype=np.float16).view(np.uint8)  # d (and Q4_K's dmin)
             q = blocks.reshape(shape[0], -1)
             written[name] = gguf.quants.dequantize(q, kind).reshape(shape)
             writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
@@ -392,7 +396,7 @@ def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: s
         for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
                             ("attn_output", (hidden, hidden)), ("ffn_gate", (2 * hidden, hidden)),
                             ("ffn_up", (2 * hidden, hidden)), ("ffn_down", (hidden, 2 * hidden))]:  # fmt: skip
-            add(f"blk.{i}.{name}.weight", shape, getattr(T, linears))
+            add(f"blk.{i}.{name}.weight", shape, getattr(T, down if down and name == "ffn_down" else linears))
     add("output_norm.weight", (hidden,), T.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -469,6 +473,39 @@ def test_q4_k_blocks_are_kept_as_4_bit_codes_with_float16_scales(tmp_path: Path)
     layer = packed.model.layers[0].self_attn.q_proj
     assert isinstance(layer, Int4Linear)
     assert torch.allclose(layer.dequantize(), model.model.layers[0].self_attn.q_proj.weight, atol=1e-5)
+
+
+@pytest.mark.parametrize("linears,down", [("Q4_K", "Q6_K"), ("Q5_0", None)])
+def test_other_quantized_types_keep_their_blocks_and_load_dequantized_exactly(tmp_path: Path, linears: str,
+                                                                              down: str | None) -> None:
+    """Types no kernel of pardec's multiplies (Q6_K in a Q4_K_M file, Q5_0) keep the file's
+    blocks (the store stays about the file's size) and load as gguf dequantizes them:
+    transformers' own loading gives the same weights, bit for bit."""
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM
+
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+    from pardec_cli.store.quantized import stored_kind
+
+    gguf_path = tmp_path / f"tiny.{linears}.gguf"
+    write_tiny_gguf(gguf_path, hidden=256, linears=linears, down=down)
+    path = import_gguf(gguf_path, "tiny-mixed")
+    layout = json.loads((path / "pardec-quant.json").read_text())["tensors"]
+    kept = "q4" if linears == "Q4_K" else f"gguf:{linears}"
+    assert layout["model.layers.0.self_attn.q_proj.weight"] == kept
+    assert layout["model.layers.1.mlp.down_proj.weight"] == f"gguf:{down or linears}"
+    assert stored_kind(path) == ("q4" if linears == "Q4_K" else "q8")  # Q5_0 beside the Q8_0 embedding
+    tensor_bytes = sum(t.n_bytes for t in GGUFReader(str(gguf_path)).tensors)
+    assert (path / "pardec-quant.safetensors").stat().st_size <= 1.25 * tensor_bytes
+    model, _ = load_model(path, dtype="float32", device="cpu", weights="full")
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=gguf_path.name, dtype=torch.float32)
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert torch.equal(ours["model.layers.1.mlp.down_proj.weight"], theirs["model.layers.1.mlp.down_proj.weight"])
+    assert torch.equal(ours["model.layers.1.self_attn.k_proj.weight"], theirs["model.layers.1.self_attn.k_proj.weight"]) \
+        or linears == "Q4_K"  # Q4_K: scales rounded to float16 (the test above)
+    packed, _ = load_model(path, dtype="float32", device="cpu", weights="int4")  # the dense ones quantized at load
+    assert isinstance(packed.model.layers[1].mlp.down_proj, Int4Linear)
 
 
 def test_gguf_names_are_transformers_own_map(tiny_gguf: Path) -> None:

@@ -390,11 +390,11 @@ def default_import_name(path: Path) -> str:
 def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_repo: str | None, quiet: bool) -> None:
     """Convert a GGUF file (llama.cpp) into a model in pardec's store.
 
-    Llama-family files keep their Q4_0, Q4_1, Q4_K and Q8_0 blocks as they are (the
-    store takes about the file's size; on a CPU they run on pardec's 4- and 8-bit
-    kernels); other types (Q5, Q6_K, ...) and other architectures are dequantized by
-    transformers into --dtype. The model is saved with its tokenizer and chat template,
-    then runs with -m NAME.
+    Llama-family files keep their quantized blocks (the store takes about the file's
+    size): Q4_0, Q4_1, Q4_K and Q8_0 run on pardec's 4- and 8-bit CPU kernels, other
+    types (Q5, Q6_K, ...) are dequantized when the model loads. Other architectures are
+    dequantized by transformers into --dtype. The model is saved with its tokenizer and
+    chat template, then runs with -m NAME.
     """
     from pardec_cli.errors import PardecError
     from pardec_cli.home import models_dir

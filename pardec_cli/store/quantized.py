@@ -4,18 +4,22 @@ Layout of a model directory stored this way: the usual config.json, generation c
 and tokenizer files, plus ``pardec-quant.safetensors`` and ``pardec-quant.json`` (not
 ``model.safetensors``: a pardec or transformers that does not know this layout finds no
 weights and says so, rather than filling the missing tensors at random). For each
-tensor that was Q4_0, Q4_1 or Q8_0 in the GGUF file (blocks of 32 along the input
-dimension) the safetensors file holds, under the Hugging Face parameter name:
+tensor that was Q4_0, Q4_1, Q4_K or Q8_0 in the GGUF file the safetensors file holds, under
+the Hugging Face parameter name, in blocks of 32 along the input dimension:
 
-- Q4 (Q4_0 and Q4_1): ``<name>.q4_codes`` uint8 [N, K/2], two 4-bit codes a byte (column
+- Q4 (Q4_0, Q4_1, Q4_K): ``<name>.q4_codes`` uint8 [N, K/2], two 4-bit codes a byte (column
   2i in the low nibble, 2i+1 in the high), ``<name>.q4_scale`` and ``<name>.q4_min``
   float16 [N, K/32]; w = q * scale + min (Q4_0's w = (q - 8) * d is min = -8 d, exact
-  in float16).
+  in float16; Q4_K's scales and mins are rounded to float16: `_q4_k_blocks`).
 - Q8_0: ``<name>.q8_codes`` int8 [N, K], ``<name>.q8_scale`` float16 [N, K/32]; w = q * scale.
 
-Every other tensor is stored dense (float32) under its own name. ``pardec-quant.json``
-lists the quantized tensors: ``{"format": 1, "block": 32, "tensors": {name: "q4"|"q8"}}``.
-The stored model takes about the GGUF file's size instead of 4 bytes per parameter.
+A tensor of another quantized type (Q5_0, Q5_K, Q6_K, Q2_K, ...: no kernel of pardec's
+multiplies it) keeps the file's own blocks, ``<name>.gguf_blocks`` uint8 [N, bytes per
+row], kind ``"gguf:TYPE"``, and is dequantized by gguf at load (exactly as a dense
+conversion would have, into float32). Every other tensor (F32, F16, BF16) is stored dense
+(float32) under its own name. ``pardec-quant.json`` lists the kept tensors:
+``{"format": 1, "block": 32, "tensors": {name: "q4"|"q8"|"gguf:TYPE"}}``. The stored model
+takes about the GGUF file's size instead of 4 bytes per parameter.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ if TYPE_CHECKING:  # pragma: no cover
 QUANT_FILE = "pardec-quant.json"
 WEIGHTS_FILE = "pardec-quant.safetensors"
 BLOCK = 32
+#: The kind of a tensor kept in the file's own blocks: "gguf:" and ggml's type name.
+GGUF_KIND = "gguf:"
 # Architectures whose transformers tensor processor only permutes rows of a weight
 # (llama's rotary un-permutation) or leaves it alone: their blocks can be kept as they are.
 _ROW_SAFE_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor")
@@ -56,7 +62,9 @@ def stored_kind(path: Path) -> str | None:
         kinds = set(json.loads((Path(path) / QUANT_FILE).read_text("utf-8"))["tensors"].values())
     except (OSError, ValueError, KeyError, AttributeError):
         return "q4"
-    return "q8" if kinds == {"q8"} else "q4"
+    if "q4" in kinds:
+        return "q4"
+    return "q8" if "q8" in kinds else None  # only blocks dequantized at load: as dense weights
 
 
 # -------------------------------------------------------------------- GGUF blocks
@@ -134,12 +142,13 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
     """
     import numpy as np
     import torch
-    from gguf import GGUFReader, dequantize
+    from gguf import GGMLQuantizationType, GGUFReader, dequantize
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field
 
     report = report or _no_report
+    dense_types = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
     report(f"reading {gguf_path.name}", 0, None)
     reader = GGUFReader(str(gguf_path))
     architecture = read_field(reader, "general.architecture")[0]
@@ -164,6 +173,9 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
         if hf_name is None or hf_name not in wanted:
             continue  # e.g. rope_freqs: computed by the model itself
         split = _gguf_blocks(tensor)
+        if split is None and tensor.tensor_type not in dense_types and len(tensor.data.shape) == 2:
+            # the file's blocks as they are, rows un-permuted like codes: dequantized at load
+            split = f"{GGUF_KIND}{tensor.tensor_type.name}", {"gguf_blocks": tensor.data}
         if split is None:
             weights = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name).weights
             tensors[hf_name] = torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
@@ -242,7 +254,18 @@ def _repeat_blocks(x: torch.Tensor) -> torch.Tensor:
 
 def dequantize_stored(kind: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
     """The exact float32 weight [N, K] of stored blocks (as GGUF's own dequantization:
-    float16 scale and min widened to float32, then q * d + m in float32)."""
+    float16 scale and min widened to float32, then q * d + m in float32; other types by
+    gguf's own dequantization)."""
+    if kind.startswith(GGUF_KIND):
+        import torch
+        from gguf import GGMLQuantizationType, dequantize
+
+        try:
+            kind_type = GGMLQuantizationType[kind.removeprefix(GGUF_KIND)]
+        except KeyError:
+            raise ModelLoadError(f"this gguf cannot read {kind.removeprefix(GGUF_KIND)} blocks",
+                                 hint="upgrade gguf (pip install -U gguf)") from None
+        return torch.from_numpy(dequantize(parts["gguf_blocks"].numpy(), kind_type))
     if kind == "q8":
         return parts["q8_codes"].float() * _repeat_blocks(parts["q8_scale"])
     return unpack_q4(parts["q4_codes"]).float() * _repeat_blocks(parts["q4_scale"]) + _repeat_blocks(parts["q4_min"])
