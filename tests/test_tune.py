@@ -265,12 +265,16 @@ def few_prompts(tmp_path: Path) -> Path:
     return path
 
 
-def tune(model: Path, *args: str):
-    return invoke(["tune", "-m", str(model), "--dtype", "float32", "-n", "8", *args])
+def tune(model: Path, *args: str, compile: str = "off"):
+    """`pardec tune` on `model`, eagerly unless `compile` says otherwise: the tuner's logic is
+    the same on either runner, and compiling the tiny model's steps took ~25 s a test (each
+    test's home saves its own); the first test below tunes compiled steps."""
+    return invoke(["tune", "-m", str(model), "--dtype", "float32", "--compile", compile, "-n", "8", *args])
 
 
 def test_a_short_real_tune_saves_results_that_auto_and_doctor_use(tiny_cli_model: Path, few_prompts: Path) -> None:
-    result = tune(tiny_cli_model, "-P", "code", "--methods", "pld,suffix", "--prompts", str(few_prompts), "--budget", "1")
+    result = tune(tiny_cli_model, "-P", "code", "--methods", "pld,suffix", "--prompts", str(few_prompts), "--budget", "1",
+                  compile="auto")
     assert result.exit_code == 0, result.stderr
     assert "pardec: cost curve measured" in result.stderr
     assert "auto now picks:" in result.stdout
@@ -350,14 +354,15 @@ def test_a_quick_tune_on_a_slow_machine_measures_less_rather_than_refuse(tiny_cl
 
     # One forward "takes" 400 ms: 64-token runs and a thrice-timed curve do not fit 2 minutes.
     monkeypatch.setattr(Tuner, "probe_ms", lambda self: 400.0)
-    result = invoke(["tune", "-m", str(tiny_cli_model), "--dtype", "float32", "-P", "code", "--methods", "pld",
-                     "--prompts", str(few_prompts), "--budget", "2"])
+    result = invoke(["tune", "-m", str(tiny_cli_model), "--dtype", "float32", "--compile", "off", "-P", "code",
+                     "--methods", "pld", "--prompts", str(few_prompts), "--budget", "2"])
     assert result.exit_code == 0, result.stderr
     assert "tokens a run, the curve timed once" in result.stderr
     [results] = all_results()
     assert MIN_TOKENS <= results.profiles["code"].max_new_tokens < 64
     assert {n for n, _ in results.curve.points} == {1, 2, 4, 8, 12, 16, 24, 32, 48, 64}
-    refused = invoke(["tune", "-m", str(tiny_cli_model), "--dtype", "float32", "--thorough", "--budget", "0.5"])
+    refused = invoke(["tune", "-m", str(tiny_cli_model), "--dtype", "float32", "--compile", "off", "--thorough",
+                      "--budget", "0.5"])
     assert refused.exit_code != 0 and "too small to measure anything here" in refused.stderr
 
 
