@@ -112,7 +112,7 @@ def _check_gguf_path(path: Path) -> None:
 
 def _convert_keeping_blocks(gguf_path: Path, out_dir: Path, *, source_repo: str | None, architecture: str,
                             report: StageReport | None = None) -> bool:
-    """Store the file with its Q4/Q8 blocks kept (`store.quantized`); False when its
+    """Store the file with its quantized blocks kept (`store.quantized`); False when its
     architecture needs the dense conversion instead."""
     from pardec_cli.store.loading import quiet_transformers
     from pardec_cli.store.quantized import convert_gguf_quantized

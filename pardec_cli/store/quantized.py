@@ -132,7 +132,7 @@ def _q4_k_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str | None,
                            report: StageReport | None = None) -> bool:
-    """Write `gguf_path` into `out_dir` with its Q4/Q8 blocks kept; False when the file's
+    """Write `gguf_path` into `out_dir` with its quantized blocks kept; False when the file's
     architecture needs transformers' dense conversion instead (nothing is written then).
 
     Config and tokenizer come from transformers' GGUF reader (metadata only); tensor
