@@ -508,6 +508,22 @@ def test_other_quantized_types_keep_their_blocks_and_load_dequantized_exactly(tm
     assert isinstance(packed.model.layers[1].mlp.down_proj, Int4Linear)
 
 
+def test_a_file_mostly_of_wider_blocks_is_not_run_on_4_bits(tmp_path: Path) -> None:
+    """llama.cpp's Q4_K_M of a model whose width is no multiple of 256 is mostly Q5_0 with
+    Q4_K in a few ffn_down tensors: auto weighs the kept weights, not the tensors, and keeps
+    8 bits (q8q8) rather than requantize the Q5_0 majority to 4."""
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.quantized import _kept_weights, stored_kind
+
+    gguf_path = tmp_path / "tiny.Q5_0.gguf"
+    write_tiny_gguf(gguf_path, hidden=256, linears="Q5_0", down="Q4_K")
+    path = import_gguf(gguf_path, "mostly-q5")
+    per_layer = {"q4": 256 * 512, "gguf:Q5_0": 2 * 256 * 256 + 2 * 128 * 256 + 2 * 512 * 256}
+    assert _kept_weights(path) == {"q8": 96 * 256, **{kind: 2 * n for kind, n in per_layer.items()}}
+    assert stored_kind(path) == "q8"
+    assert resolve_weights("auto", dtype="float32", device="cpu", stored=stored_kind(path), avx2=True) == "q8q8"
+
+
 def test_gguf_names_are_transformers_own_map(tiny_gguf: Path) -> None:
     """`gguf_hf_names` builds gguf's name table once; transformers' map, which builds it for
     every module, is the reference."""

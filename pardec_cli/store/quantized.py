@@ -54,17 +54,43 @@ def is_quantized_dir(path: Path) -> bool:
 
 def stored_kind(path: Path) -> str | None:
     """How the model in `path` is stored, as `weight_modes.resolve_weights` weighs it: "q4"
-    where any of its kept GGUF blocks are 4-bit, "q8" where all are Q8_0, None for dense
-    weights (or a layout that cannot be read: loading says what is wrong with it)."""
+    where 4-bit codes hold most of its kept weights, else "q8" where it keeps Q8_0 blocks,
+    None for dense weights or only blocks dequantized at load (a layout that cannot be read:
+    "q4", and loading says what is wrong with it).
+
+    By weights, not by tensors: llama.cpp's Q4_K_M of a model whose width is no multiple of
+    256 is mostly Q5_0 (its fallback) with Q4_K in a few ffn_down tensors, and running it
+    all on 4 bits would requantize the Q5_0 majority; a 7B Q4_K_M is mostly Q4_K."""
     if not is_quantized_dir(path):
         return None
     try:
-        kinds = set(json.loads((Path(path) / QUANT_FILE).read_text("utf-8"))["tensors"].values())
-    except (OSError, ValueError, KeyError, AttributeError):
+        counts = _kept_weights(Path(path))
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
         return "q4"
-    if "q4" in kinds:
+    if counts.get("q4", 0) * 2 > sum(counts.values()):
         return "q4"
-    return "q8" if "q8" in kinds else None  # only blocks dequantized at load: as dense weights
+    return "q8" if "q8" in counts else None
+
+
+def _kept_weights(path: Path) -> dict[str, int]:
+    """Weights kept per kind of block ("q4", "q8", "gguf:TYPE") in the model stored in `path`
+    (from the safetensors header: nothing is read but the shapes)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from safetensors import safe_open
+
+    layout = json.loads((path / QUANT_FILE).read_text("utf-8"))["tensors"]
+    counts: dict[str, int] = {}
+    with safe_open(str(path / WEIGHTS_FILE), framework="pt") as stored:
+        for name, kind in layout.items():
+            if kind.startswith(GGUF_KIND):
+                rows, row_bytes = stored.get_slice(f"{name}.gguf_blocks").get_shape()
+                block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind.removeprefix(GGUF_KIND)]]
+                weights = rows * row_bytes // size * block
+            else:
+                rows, columns = stored.get_slice(f"{name}.{kind}_codes").get_shape()
+                weights = rows * columns * (2 if kind == "q4" else 1)
+            counts[kind] = counts.get(kind, 0) + weights
+    return counts
 
 
 # -------------------------------------------------------------------- GGUF blocks
