@@ -427,6 +427,12 @@ def test_import_keeps_q4_and_q8_blocks_and_stays_small(tiny_gguf: Path) -> None:
     assert (path / "pardec-quant.safetensors").stat().st_size <= 1.3 * tensor_bytes
 
 
+def test_pardec_import_says_the_blocks_were_kept(tiny_gguf: Path) -> None:
+    result = invoke(["import", str(tiny_gguf), "--name", "tiny-said", "-q"])
+    assert result.exit_code == 0, result.stderr
+    assert "(its quantized blocks kept)" in result.stdout and "float32" not in result.stdout
+
+
 def test_a_kept_gguf_loads_to_exactly_transformers_dequantized_weights(tiny_gguf: Path) -> None:
     """The reference is transformers' own GGUF loader (gguf's dequantization, q/k rows
     un-permuted), which pardec used before keeping blocks."""

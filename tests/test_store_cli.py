@@ -502,7 +502,7 @@ def test_import_list_show_rm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     gguf = write_gguf_header(tmp_path / "My-Model.Q4_K_M.gguf", "llama")
     result = invoke(["import", str(gguf)])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.startswith("imported my-model.q4_k_m in ")
+    assert result.stdout.startswith("imported my-model.q4_k_m in ") and "(weights in float32)" in result.stdout
     assert "converting My-Model.Q4_K_M.gguf (llama) into my-model.q4_k_m" in result.stderr
     named = invoke(["import", str(gguf), "--name", "mine", "--dtype", "bfloat16"])
     assert named.exit_code == 0, named.stderr

@@ -413,9 +413,10 @@ def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_re
         )
     from pardec_cli.progress import ProgressDisplay, progress_wanted
     from pardec_cli.store.loading import start_native_build
+    from pardec_cli.store.quantized import is_quantized_dir
 
     if not quiet:
-        _say(f"converting {file.name} ({architecture}) into {name} ({dtype}); big models take minutes")
+        _say(f"converting {file.name} ({architecture}) into {name}; big models take minutes")
     # The conversion is Python on one core: the native step's kernels, which run the GGUF's
     # blocks, build beside it (once for this machine) for the runs that follow.
     if start_native_build() and not quiet:
@@ -423,5 +424,6 @@ def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_re
     start = time.perf_counter()
     with ProgressDisplay(progress_wanted(quiet)) as display:
         path = convert(file, name, overwrite=force, source_repo=source_repo, dtype=dtype, report=display.stages())
+    kept = "its quantized blocks kept" if is_quantized_dir(path) else f"weights in {dtype}"
     click.echo(f"imported {name} in {time.perf_counter() - start:.1f} s: "
-               f"{_size(_dir_size(path))} at {path}; run it with -m {name}")  # fmt: skip
+               f"{_size(_dir_size(path))} ({kept}) at {path}; run it with -m {name}")  # fmt: skip
