@@ -10,7 +10,7 @@ import sys
 import pytest
 from safetensors import safe_open
 
-from pardec_cli.doctor import bandwidth_floor_ms, floor_multiple, weight_bytes
+from pardec_cli.doctor import FLOOR_ROUNDS, bandwidth_floor_ms, floor_multiple, weight_bytes
 from pardec_cli.hardware import measure_memory_bandwidth
 from tests.cli_helpers import invoke
 from tests.tiny_models import tiny_llama
@@ -144,7 +144,23 @@ def test_doctor_prints_the_floor_of_the_model_and_the_forward_against_it(tiny_cl
     assert floor.startswith("  floor         ") and floor.endswith("ms per forward (weights / read bandwidth)")
     assert forward.startswith("  forward       ") and "ms for one token over a 300-token context: " in forward
     assert forward.endswith("x one at the copy test's rate)")
-    assert bandwidth_10gbs == ["cpu", "cpu"]
+    assert bandwidth_10gbs == ["cpu"] * (2 + FLOOR_ROUNDS)  # read and copy, then a read after each forward
+    assert f"{FLOOR_ROUNDS + 1} times around {FLOOR_ROUNDS} forward measurements" in memory
+
+
+def test_the_floor_takes_the_fastest_read_and_the_fastest_forward(tiny_cli_model, monkeypatch):
+    """A neighbour's load comes and goes: the read tests alternate with the forward's
+    measurements, and the multiple compares the best of each."""
+    reads = iter([10.0, 12.0, 8.0, 11.0])
+    monkeypatch.setattr("pardec_cli.hardware.measure_memory_bandwidth",
+                        lambda device, kind="copy": next(reads) if kind == "read" else 20.0)
+    forwards = iter([3.0, 2.0, 4.0])
+    monkeypatch.setattr("pardec_cli.doctor.one_token_forward_ms", lambda session: (next(forwards), 300))
+    result = invoke(["doctor", "-m", str(tiny_cli_model), "--dtype", "float32", "--json"])
+    assert result.exit_code == 0, result.stderr
+    floor = json.loads(result.stdout)["floor"]
+    assert floor["bandwidth_gbs"] == 12.0 and floor["forward_ms"] == 2.0
+    assert floor["multiple"] == pytest.approx(2.0 / (floor["weight_bytes"] / 12e9 * 1e3), rel=1e-2)
 
 
 def test_doctor_json_floor_is_consistent(tiny_cli_model, bandwidth_10gbs):
