@@ -395,9 +395,9 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
     # is kept beside it.
     bandwidth = measure_memory_bandwidth(hardware.device, kind="read")
     copy = measure_memory_bandwidth(hardware.device, kind="copy")
+    source = f"read test: best of {COPY_TEST_REPEATS} sums over {COPY_TEST_BYTES >> 20} MiB"
     report: dict[str, Any] = {
-        "device": hardware.device, "bandwidth_gbs": round(bandwidth, 2),
-        "bandwidth_source": f"read test: best of {COPY_TEST_REPEATS} sums over {COPY_TEST_BYTES >> 20} MiB",
+        "device": hardware.device, "bandwidth_gbs": round(bandwidth, 2), "bandwidth_source": source,
         "copy_gbs": round(copy, 2),
     }
     if model.get("problem"):
@@ -424,9 +424,8 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
         ms, context = one_token_forward_ms(session)
         forward = min(forward, ms)
         bandwidth = max(bandwidth, measure_memory_bandwidth(hardware.device, kind="read"))
-    report.update(bandwidth_gbs=round(bandwidth, 2), bandwidth_source=(
-        f"read test: best of {COPY_TEST_REPEATS} sums over {COPY_TEST_BYTES >> 20} MiB, {FLOOR_ROUNDS + 1} times "
-        f"around {FLOOR_ROUNDS} forward measurements"))
+    report.update(bandwidth_gbs=round(bandwidth, 2),
+                  bandwidth_source=f"{source}, {FLOOR_ROUNDS + 1} times around {FLOOR_ROUNDS} forward measurements")
     floor = bandwidth_floor_ms(read, bandwidth)
     copy_floor = bandwidth_floor_ms(read, copy)
     report.update(dtype=session.dtype, weights=session.held_weights, compiled=session.compiled, runner=session.runner, weight_bytes=read, floor_ms=round(floor, 3), forward_ms=round(forward, 3),

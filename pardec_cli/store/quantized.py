@@ -97,7 +97,9 @@ def _kept_weights(path: Path) -> dict[str, int]:
 
 
 def _gguf_blocks(tensor: Any) -> tuple[str, dict[str, np.ndarray]] | None:
-    """Split a Q4_0/Q4_1/Q4_K/Q8_0 GGUF tensor into codes and scales (numpy), else None.
+    """What the store keeps of a quantized 2-D GGUF tensor (numpy): a Q4_0/Q4_1/Q4_K/Q8_0
+    one split into codes and scales, another type's blocks as they are ("gguf:TYPE"); None
+    for a dense (F32, F16, BF16) or other-shaped one, which is stored dense.
 
     ``tensor.data`` is uint8 [N, K/32 * bytes per block] (Q4_K: [N, K/256 * 144]). Q4_1
     block (20 bytes): d f16, m f16, 16 bytes whose low nibbles are elements 0..15 and high
@@ -108,8 +110,10 @@ def _gguf_blocks(tensor: Any) -> tuple[str, dict[str, np.ndarray]] | None:
     from gguf import GGMLQuantizationType as T
 
     kind = tensor.tensor_type
-    if kind not in (T.Q4_0, T.Q4_1, T.Q4_K, T.Q8_0) or len(tensor.data.shape) != 2:
+    if kind in (T.F32, T.F16, T.BF16) or len(tensor.data.shape) != 2:
         return None
+    if kind not in (T.Q4_0, T.Q4_1, T.Q4_K, T.Q8_0):  # no kernel of pardec's: dequantized at load
+        return f"{GGUF_KIND}{kind.name}", {"gguf_blocks": tensor.data}
     n = tensor.data.shape[0]
     if kind == T.Q4_K:
         q, d, m = _q4_k_blocks(np.ascontiguousarray(tensor.data).reshape(n, -1, 144))
@@ -168,13 +172,12 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
     """
     import numpy as np
     import torch
-    from gguf import GGMLQuantizationType, GGUFReader, dequantize
+    from gguf import GGUFReader, dequantize
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field
 
     report = report or _no_report
-    dense_types = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
     report(f"reading {gguf_path.name}", 0, None)
     reader = GGUFReader(str(gguf_path))
     architecture = read_field(reader, "general.architecture")[0]
@@ -199,9 +202,6 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
         if hf_name is None or hf_name not in wanted:
             continue  # e.g. rope_freqs: computed by the model itself
         split = _gguf_blocks(tensor)
-        if split is None and tensor.tensor_type not in dense_types and len(tensor.data.shape) == 2:
-            # the file's blocks as they are, rows un-permuted like codes: dequantized at load
-            split = f"{GGUF_KIND}{tensor.tensor_type.name}", {"gguf_blocks": tensor.data}
         if split is None:
             weights = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name).weights
             tensors[hf_name] = torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
