@@ -208,7 +208,8 @@ def test_bench_runs_llama_cpp_interleaved_and_reports_its_settings(model_with_gg
     monkeypatch.setenv("FAKE_LLAMACPP_MODE", "crash-batched")
     out = tmp_path / "bench.json"
     result = invoke(["bench", "--prompts", str(bench_prompts(tmp_path)), "-m", str(model_with_gguf), "-n", "6",
-                     "--dtype", "float32", "--methods", "vanilla", "--baseline", "hf,llamacpp", "--json", str(out)])
+                     "--dtype", "float32", "--compile", "off", "--methods", "vanilla", "--baseline", "hf,llamacpp",
+                     "--json", str(out)])
     assert result.exit_code == 0, result.stderr
     assert "pardec bench: 2 prompts x 3 methods (vanilla, hf, llama.cpp)" in result.stderr
     assert "vs llama.cpp" in result.stdout
@@ -226,7 +227,11 @@ def test_bench_runs_llama_cpp_interleaved_and_reports_its_settings(model_with_gg
 
 
 def test_bench_with_a_model_that_has_no_gguf_names_pardec_import(tiny_cli_model, tmp_path, monkeypatch):
+    """Said before the model loads (and compiles its steps: a minute for a bench)."""
+    from pardec_cli.session import Session
+
     monkeypatch.setattr(llamacpp, "require_installed", lambda: None)
+    monkeypatch.setattr(Session, "load", classmethod(lambda *a, **k: pytest.fail("the model was loaded")))
     result = invoke(["bench", "--prompts", str(bench_prompts(tmp_path)), "-m", str(tiny_cli_model), "-n", "2",
                      "--methods", "vanilla", "--baseline", "llamacpp"])
     assert result.exit_code == 1

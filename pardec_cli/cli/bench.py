@@ -106,10 +106,14 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
     baseline_names = parse_baselines(("hf," if baseline_hf else "") + (baseline_text or ""))
     if baseline_names and not use_pardec:
         raise PardecUsageError("baselines run next to pardec's engine", hint="use --engine pardec,vllm")
-    if "llamacpp" in baseline_names:
-        from pardec_cli.peers.llamacpp import require_installed
+    if "llamacpp" in baseline_names:  # before the model loads (and compiles): say it at once
+        from pardec_cli.peers.llamacpp import find_gguf, require_installed
+        from pardec_cli.store.resolve import resolve_model
 
-        require_installed()  # before the model loads: say it at once
+        require_installed()
+        if use_pardec:
+            resolved = resolve_model(model, offline=offline, progress=True)
+            find_gguf(resolved.name, source=resolved.source, path=resolved.path)
     if use_vllm:
         from pardec_cli.vllm_engine.plan import require_vllm
         from pardec_cli.vllm_engine.translate import runs_on_vllm, unsupported_error
