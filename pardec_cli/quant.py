@@ -1236,6 +1236,7 @@ def share_products(model: nn.Module, probe: Callable[[], object]) -> int:
     finally:
         for hook in hooks:
             hook.remove()
+    _one_kind_per_input(model, seen)
     groups: dict[tuple[object, ...], list[nn.Module]] = {}
     for m, inputs in seen.items():
         if inputs:  # ids are safe to compare: `seen` holds every input until the end
@@ -1246,6 +1247,42 @@ def share_products(model: nn.Module, probe: Callable[[], object]) -> int:
             _share(members)
             shared += 1
     return shared
+
+
+def _one_kind_per_input(model: nn.Module, seen: dict[nn.Module, list[torch.Tensor]]) -> None:
+    """Give layers of one input on the AVX2 library one kind, so that they can share a
+    product: where a GGUF file's model mixes q4q8 records and Q8_0 groups over one input (a
+    Q4_K_M file's Q6_K v projection beside Q4_K q and k), the kind holding most of their
+    weights takes the others, requantized from their dense weights (in `model` and `seen`)."""
+    names = {m: name for name, m in model.named_modules()}
+    by_input: dict[tuple[object, ...], list[nn.Module]] = {}
+    for m, inputs in seen.items():
+        if inputs and _avx2_records(m):
+            by_input.setdefault((*map(id, inputs), m.in_features), []).append(m)
+    for members in by_input.values():
+        weights: dict[type, int] = {}
+        for m in members:
+            weights[type(m)] = weights.get(type(m), 0) + m.in_features * m.out_features
+        if len(weights) < 2:
+            continue
+        kind = max(weights, key=lambda k: (weights[k], k is Q8Records))  # a tie: the wider
+        for m in members:
+            if type(m) is kind:
+                continue
+            bias = None if m.bias is None else m.bias.detach()
+            new: nn.Module | None
+            if kind is Q8Records:
+                new = Q8Records.from_weight(m.dequantize(), bias)
+            else:
+                new = Int4Records.from_codes(*int4_codes_from_weight(m.dequantize(), RECORD_GROUP), activations="float32", bias=bias)
+            if new is not None:
+                _replace(model, names[m], new)
+                seen[new] = seen.pop(m)
+
+
+def _avx2_records(m: nn.Module) -> bool:
+    """Whether `m` multiplies on the AVX2 library's q4q8 or q8q8 kernel, alone so far."""
+    return (type(m) is Q8Records or (type(m) is Int4Records and m.activations == "float32")) and m.shared_columns is None
 
 
 def _share_key(m: nn.Module) -> tuple[object, ...] | None:
@@ -1371,12 +1408,14 @@ def _avx2_row_tile() -> int:
 
 def weights_label(model: nn.Module) -> str:
     """What the model's decoder layers hold: "int8", "int4" (whichever kernel), "q4q8"
-    (int4 by int8 activations, where any layer is), "q8q8" (`Q8Records`), or "full" (dense)."""
+    (int4 by int8 activations, where any layer is), "q8q8" (`Q8Records`), "q4q8+q8q8" (a
+    GGUF file's layers each in its own width: `store.quantized.load_quantized_dir`), or
+    "full" (dense)."""
     modules = list(model.modules())
-    if any(isinstance(m, Int4Records) and m.activations in ("int8", "float32") for m in modules):
-        return "q4q8"
-    if any(isinstance(m, Q8Records) for m in modules):
-        return "q8q8"
+    q4q8 = any(isinstance(m, Int4Records) and m.activations in ("int8", "float32") for m in modules)
+    q8q8 = any(isinstance(m, Q8Records) for m in modules)
+    if q4q8 or q8q8:
+        return "q4q8+q8q8" if q4q8 and q8q8 else "q4q8" if q4q8 else "q8q8"
     if any(isinstance(m, (Int4Linear, Int4Records)) for m in modules):
         return "int4"
     if any(isinstance(m, (Int8Linear, Int8Records)) for m in modules):

@@ -7,7 +7,7 @@ WEIGHT_MODES = ("auto", "full", "int8", "int4", "q4q8", "q8q8")
 
 #: Weights whose layers round their activations to int8 groups: the ones pardec's native
 #: step (`engine.native`) takes, on a float16 KV cache.
-ROUNDED_ACTIVATIONS = ("q4q8", "q8q8")
+ROUNDED_ACTIVATIONS = ("q4q8", "q8q8", "q4q8+q8q8")
 
 # What `--weights auto` picks on a CPU, by (compute dtype, how the model is stored: "q4"
 # for GGUF 4-bit blocks kept, "q8" for Q8_0 ones, None for dense); anything else is

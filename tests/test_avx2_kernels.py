@@ -380,6 +380,24 @@ def q8q8_llama(seed: int = 5) -> torch.nn.Module:
     return model
 
 
+def mixed_llama(seed: int = 5) -> torch.nn.Module:
+    """A tiny Llama whose products mix q4q8 records and `Q8Records` as a GGUF file of 4-bit
+    and wider blocks loads (`store.quantized.load_quantized_dir`'s own widths): layer 0's
+    q/k/v and gate/up on 4 bits, its o and down on int8 groups; layer 1 the other way round."""
+    model = tiny_llama(seed, vocab=96, layers=2, hidden=64)
+    quant.quantize_linears(model, "int4")
+    quant.use_records(model, "float32")
+    wide = ["model.layers.0.self_attn.o_proj", "model.layers.0.mlp.down_proj", *(f"model.layers.1.self_attn.{p}_proj" for p in "qkv"),
+            "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj"]  # fmt: skip
+    for name in wide:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, quant.Q8Records.from_weight(model.get_submodule(name).dequantize()))
+    quant.quantize_head(model, avx2=True)
+    assert quant.share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False)) == 2 * 2
+    assert quant.weights_label(model) == "q4q8+q8q8"
+    return model
+
+
 def test_the_native_step_runs_a_q4q8_llama_without_compiling_and_keeps_every_method_exact(avx2_dir: Path, tmp_path: Path) -> None:
     """One call per step (`engine.native`): the same bits for a token in every step, every
     method's greedy tokens plain decoding's, and no graph compiled or saved."""
@@ -391,14 +409,17 @@ def test_the_native_step_runs_a_q4q8_llama_without_compiling_and_keeps_every_met
     assert runner.native is not None and runner.graph_states() == {} and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("weights", ["q4q8", "q4q8, float32 head", "q8q8"])
+@pytest.mark.parametrize("weights", ["q4q8", "q4q8, float32 head", "q8q8", "q4q8+q8q8"])
 def test_the_native_step_computes_what_the_eager_step_does(avx2_dir: Path, weights: str) -> None:
     """Logits and the hidden states Medusa and EAGLE read, against transformers' eager step
     over the same static cache (the same weights and kernels; the norms, RoPE and SiLU in
     another order of float operations, so not the same bits)."""
     from pardec_cli.engine.runner import CompiledLanguageModel
 
-    model = q8q8_llama() if weights == "q8q8" else native_llama(head="float32" if "float32" in weights else "int8")
+    if weights in ("q8q8", "q4q8+q8q8"):
+        model = q8q8_llama() if weights == "q8q8" else mixed_llama()
+    else:
+        model = native_llama(head="float32" if "float32" in weights else "int8")
     native = CompiledLanguageModel(model, compile_missing=False)
     eager = CompiledLanguageModel(model, compile_missing=False, native=False)  # no saved graphs: eager steps
     assert native.native is not None and eager.native is None

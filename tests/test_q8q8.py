@@ -118,19 +118,52 @@ def test_the_native_step_runs_a_q8q8_llama_and_keeps_every_method_exact(avx2_dir
     assert runner.native is not None and runner.kv_dtype == torch.float16 and list(tmp_path.iterdir()) == []
 
 
-def test_a_native_step_takes_all_q4q8_or_all_q8q8_products_not_a_mix(avx2_dir: Path) -> None:
+def test_the_native_step_takes_q4q8_and_q8q8_products_side_by_side_and_keeps_every_method_exact(
+    avx2_dir: Path, tmp_path: Path
+) -> None:
+    """A GGUF file's model with 4-bit and wider layers (`mixed_llama`: each of a layer's four
+    products either kind) runs in one call per step, exact as an all-4-bit one."""
+    from pardec_cli.engine.native import native_reason
+    from tests.test_avx2_kernels import mixed_llama
+
+    model = mixed_llama()
+    assert native_reason(model) is None
+    runner = compiled_steps_agree_and_methods_are_exact(model, tmp_path, native=True)
+    assert runner.native is not None and list(tmp_path.iterdir()) == []
+
+
+def test_a_native_step_needs_one_kind_per_shared_product(avx2_dir: Path) -> None:
     from pardec_cli.engine.native import native_reason
     from tests.test_avx2_kernels import native_llama
 
     mixed = q8q8_llama()
-    mixed.model.layers[1].mlp.down_proj = native_llama().model.layers[1].mlp.down_proj
-    assert native_reason(mixed) == "its products are not all q4q8 or all q8q8 records"
+    mixed.model.layers[1].self_attn.v_proj = native_llama().model.layers[1].self_attn.v_proj
+    assert native_reason(mixed) == "its products are not q4q8 or q8q8 records shared per input"
     model = q8q8_llama()
     weights = [torch.zeros(64), torch.zeros(16, 2, 512, dtype=torch.int8)]
     with pytest.raises(RuntimeError, match="no scales, or 4 per layer"):
         torch.classes.pardec_avx2.LlamaWeights(
             weights * 3, [torch.zeros(1, 2, 16, dtype=torch.float16)], model.model.embed_tokens.weight.detach(),
             torch.ones(64), torch.empty(0), torch.zeros(96, 64), torch.empty(0), [0], [4, 2, 16, 128], 1e-5, 0.25)
+
+
+def test_layers_of_one_input_in_two_kinds_take_the_kind_of_most_of_their_weights(avx2_dir: Path) -> None:
+    """A Q4_K_M file's Q6_K v projection beside Q4_K q and k: to share one product they
+    take one kind, the one holding most of their weights (q and k: 4 bits), the others
+    requantized from their dense weights; a group mostly of int8 groups takes that kind."""
+    model = tiny_llama(3, vocab=96, layers=1, hidden=64)
+    quant.quantize_linears(model, "int4")
+    quant.use_records(model, "float32")
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    attn.v_proj = Q8Records.from_weight(attn.v_proj.dequantize())
+    dense_v = attn.v_proj.dequantize()
+    mlp.up_proj = Q8Records.from_weight(mlp.up_proj.dequantize())  # gate/up: as many weights each, the wider kind
+    quant.share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
+    assert {type(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)} == {quant.Int4Records}
+    assert attn.v_proj.shared_blocks is attn.q_proj.shared_blocks
+    q, scale, minimum = quant.int4_codes_from_weight(dense_v, 32)
+    assert torch.equal(attn.v_proj.codes()[0], q)  # requantized from the int8 groups' weights
+    assert type(mlp.gate_proj) is type(mlp.up_proj) is Q8Records and mlp.gate_proj.shared_columns is not None
 
 
 def test_q8q8_loads_a_model_in_float32_on_the_native_step(avx2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,6 +261,46 @@ def test_a_q8_0_gguf_keeps_its_blocks_and_auto_runs_them_as_q8q8_on_the_native_s
     built_in(kernels.build_dir(kernels_dir(), LIBRARY), avx2_dir)
     session = Session.load("tiny-q8", compile="auto")
     assert (session.dtype, session.weights, session.runner) == ("float32", "q8q8", "native")
+
+
+@pytest.mark.parametrize("linears,wider", [("Q4_K", "Q6_K"), ("Q5_0", "Q4_K")])
+def test_auto_multiplies_each_kept_gguf_layer_in_its_own_width_on_the_native_step(
+    avx2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, linears: str, wider: str
+) -> None:
+    """A Q4_K_M file's Q6_K ffn_down and attn_v beside Q4_K layers: auto keeps ffn_down in
+    Q8_0 groups (not requantized to 4 bits; explicit ``--weights q4q8`` still does), v takes
+    the 4 bits of q and k to share their product, and one native call runs both kinds. A
+    file mostly of Q5_0 (llama.cpp's Q4_K_M of a narrow model) runs its Q4_K ffn_down on its
+    own 4-bit codes beside q8q8 layers."""
+    from pardec_cli.engine.native import native_reason
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.session import Session
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+    from tests.test_quant import write_tiny_gguf
+
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    built_in(kernels.build_dir(kernels_dir(), LIBRARY), avx2_dir)
+    gguf = tmp_path / f"tiny.{linears}.gguf"
+    others = ("ffn_down", "attn_v") if wider == "Q6_K" else ("ffn_down",)
+    write_tiny_gguf(gguf, hidden=256, linears=linears, types={name: wider for name in others})
+    import_gguf(gguf, "tiny-mixed")
+    session = Session.load("tiny-mixed", compile="auto")
+    assert (session.dtype, session.weights, session.runner) == ("float32", "q4q8+q8q8", "native")
+    model = session.target.model
+    assert native_reason(model) is None
+    path = session.model_path
+    full, _ = load_model(path, dtype="float32", device="cpu", weights="full")
+    layer, dense = model.model.layers[1], full.model.layers[1]
+    if wider == "Q6_K":
+        assert type(layer.mlp.down_proj) is Q8Records and type(layer.self_attn.v_proj) is quant.Int4Records
+        want = Q8Records.from_weight(dense.mlp.down_proj.weight)  # Q8_0 groups of the Q6_K weights
+        assert torch.equal(layer.mlp.down_proj.dequantize(), want.dequantize())
+        explicit, _ = load_model(path, dtype="float32", device="cpu", weights="q4q8")
+        assert quant.weights_label(explicit) == "q4q8"
+    else:
+        assert type(layer.mlp.down_proj) is quant.Int4Records and type(layer.self_attn.v_proj) is Q8Records
+        assert torch.equal(layer.mlp.down_proj.dequantize(), dense.mlp.down_proj.weight)  # the file's own codes
 
 
 def test_a_16_bit_checkpoint_is_read_in_16_bits_for_q8q8_and_loads_as_a_float32_read_would(

@@ -344,9 +344,10 @@ TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("!"), ord("!") + 
 
 
 def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: str = "Q4_1",
-                    down: str | None = None) -> dict[str, np.ndarray]:
-    """A tiny llama GGUF (Q4_1 linears, or `linears` another GGUF type's name, ffn_down
-    `down`'s where given, as Q4_K_M files mix in Q6_K; Q8_0 embedding, F32 norms); returns
+                    types: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """A tiny llama GGUF (Q4_1 linears, or `linears` another GGUF type's name; `types` maps
+    some of them, by GGUF name in the layer ("ffn_down", "attn_v"), to other types, as Q4_K_M
+    files mix in Q6_K; Q8_0 embedding, F32 norms); returns
     the float weights written, by GGUF name, before quantization (K-quants: as ggml
     dequantizes them)."""
     import gguf
@@ -396,7 +397,7 @@ def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: s
         for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
                             ("attn_output", (hidden, hidden)), ("ffn_gate", (2 * hidden, hidden)),
                             ("ffn_up", (2 * hidden, hidden)), ("ffn_down", (hidden, 2 * hidden))]:  # fmt: skip
-            add(f"blk.{i}.{name}.weight", shape, getattr(T, down if down and name == "ffn_down" else linears))
+            add(f"blk.{i}.{name}.weight", shape, getattr(T, (types or {}).get(name, linears)))
     add("output_norm.weight", (hidden,), T.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -495,7 +496,7 @@ def test_other_quantized_types_keep_their_blocks_and_load_dequantized_exactly(tm
     from pardec_cli.store.quantized import stored_kind
 
     gguf_path = tmp_path / f"tiny.{linears}.gguf"
-    write_tiny_gguf(gguf_path, hidden=256, linears=linears, down=down)
+    write_tiny_gguf(gguf_path, hidden=256, linears=linears, types={"ffn_down": down} if down else None)
     path = import_gguf(gguf_path, "tiny-mixed")
     layout = json.loads((path / "pardec-quant.json").read_text())["tensors"]
     kept = "q4" if linears == "Q4_K" else f"gguf:{linears}"
@@ -522,7 +523,7 @@ def test_a_file_mostly_of_wider_blocks_is_not_run_on_4_bits(tmp_path: Path) -> N
     from pardec_cli.store.quantized import _kept_weights, stored_kind
 
     gguf_path = tmp_path / "tiny.Q5_0.gguf"
-    write_tiny_gguf(gguf_path, hidden=256, linears="Q5_0", down="Q4_K")
+    write_tiny_gguf(gguf_path, hidden=256, linears="Q5_0", types={"ffn_down": "Q4_K"})
     path = import_gguf(gguf_path, "mostly-q5")
     per_layer = {"q4": 256 * 512, "gguf:Q5_0": 2 * 256 * 256 + 2 * 128 * 256 + 2 * 512 * 256}
     assert _kept_weights(path) == {"q8": 96 * 256, **{kind: 2 * n for kind, n in per_layer.items()}}

@@ -858,11 +858,12 @@ constexpr int kProductSlot[4] = {1, 2, 4, 5};
 struct LlamaWeights : torch::CustomClassHolder {
   // Per layer, 6 tensors: input norm [E], q/k/v records [(Q + 2 KV)/16, E/32, 320], o
   // records [E/16, Q/32, 320], post-attention norm [E], gate/up records [2I/16, E/32, 320],
-  // down records [E/16, I/32, 320]; or the four products as int8 codes [n/16, k/32, 512]
-  // (q8q8: `quant.Q8Records`), their scales in `product_scales`.
+  // down records [E/16, I/32, 320]; each of the four products either such q4q8 records or
+  // int8 codes [n/16, k/32, 512] (q8q8: `quant.Q8Records`), their scales in `product_scales`.
   std::vector<at::Tensor> layers;
-  // Empty (q4q8 records), or per layer the float16 scales [n/16, k/32, 16] of its four
-  // int8 products (q/k/v, o, gate/up, down).
+  // Empty (every product q4q8 records), or per layer four tensors (q/k/v, o, gate/up,
+  // down): an int8 product's float16 scales [n/16, k/32, 16], or an empty tensor where
+  // that product is q4q8 records (a GGUF file mixing 4-bit and wider blocks).
   std::vector<at::Tensor> product_scales;
   at::Tensor embed;       // [V_in, E] float32
   at::Tensor final_norm;  // [E]
@@ -901,8 +902,8 @@ struct LlamaWeights : torch::CustomClassHolder {
                   t.size(1) == k / kGroup && t.size(2) == kRecord && t.device().is_cpu(), "LlamaWeights: ", what, " records ", t.sizes(),
                   " do not hold ", n, " x ", k, " weights");
     };
-    const bool q8 = !product_scales.empty();
-    TORCH_CHECK(!q8 || static_cast<int64_t>(product_scales.size()) == 4 * L, "LlamaWeights: no scales, or 4 per layer");
+    TORCH_CHECK(product_scales.empty() || static_cast<int64_t>(product_scales.size()) == 4 * L,
+                "LlamaWeights: no scales, or 4 per layer");
     for (int64_t l = 0; l < L; ++l) {
       const at::Tensor* t = layers.data() + 6 * l;
       f32(t[0], E, "an input norm");
@@ -910,7 +911,7 @@ struct LlamaWeights : torch::CustomClassHolder {
       const int64_t shapes[4][2] = {{Q + 2 * KV, E}, {E, Q}, {2 * inter, E}, {E, inter}};  // (n, k)
       const char* names[4] = {"q/k/v", "o", "gate/up", "down"};
       for (int j = 0; j < 4; ++j) {
-        if (q8) {
+        if (int8_product(l, j)) {
           check_q8_blocks(t[kProductSlot[j]], product_scales[4 * l + j], shapes[j][0], shapes[j][1], names[j]);
         } else {
           records(t[kProductSlot[j]], shapes[j][0], shapes[j][1], names[j]);
@@ -928,6 +929,9 @@ struct LlamaWeights : torch::CustomClassHolder {
       TORCH_CHECK(scales.numel() == 0, "LlamaWeights: a float32 head has no scales");
     }
   }
+
+  // Whether product j (0 q/k/v, 1 o, 2 gate/up, 3 down) of layer l is int8 codes, not q4q8 records.
+  bool int8_product(int64_t l, int j) const { return !product_scales.empty() && product_scales[4 * l + j].numel() > 0; }
 
   void set_cache(std::vector<at::Tensor> keys_, std::vector<at::Tensor> values_) {
     TORCH_CHECK(keys_.size() == values_.size() && !keys_.empty(), "set_cache: one (keys, values) pair per cache layer");
@@ -1057,7 +1061,7 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   // Product j (0 q/k/v, 1 o, 2 gate/up, 3 down) of layer l: R rows of `in` (K wide) -> n outputs.
   auto layer_product = [&](int64_t l, int j, const float* in, int64_t K, int64_t n, float* out) {
     const at::Tensor& wt = w->layers[6 * l + kProductSlot[j]];
-    if (w->product_scales.empty()) {
+    if (!w->int8_product(l, j)) {
       q4q8_rows(in, K, R, K, wt.data_ptr<uint8_t>(), n, out, n, qx.data(), dx, sx);
     } else {
       const uint16_t* ws = reinterpret_cast<const uint16_t*>(w->product_scales[4 * l + j].data_ptr<at::Half>());

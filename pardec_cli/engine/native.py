@@ -11,9 +11,10 @@ graph to compile.
 What qualifies (`native_reason` says why not): float32 on a CPU with the AVX2 library loaded;
 transformers' Llama decoder layers (the class is the definition of the arithmetic the op
 reproduces; another architecture, even one laid out alike, keeps the compiled graphs); every
-product on `quant.Int4Records` with float32 activations (``--weights q4q8``), or every one on
-`quant.Q8Records` (``--weights q8q8``), q/k/v and gate/up each sharing one product
-(`quant.share_products`), no biases; SiLU; the output head on the
+product on `quant.Int4Records` with float32 activations (``--weights q4q8``) or on
+`quant.Q8Records` (``--weights q8q8``; a GGUF file's model may mix the two, product by
+product), q/k/v and gate/up each sharing one product of one kind (`quant.share_products`),
+no biases; SiLU; the output head on the
 AVX2 library (`quant.Int8F32Head`, as loads leave it, or `quant.F32Linear`). The rotary embedding is the model's own module: its cosines and sines
 for every position of the cache are computed once per capacity, whatever the RoPE scaling.
 
@@ -56,24 +57,23 @@ def native_reason(model: Any) -> str | None:
     head = model.get_output_embeddings()
     if not isinstance(head, (Int8F32Head, F32Linear)) or getattr(head, "bias", None) is not None:
         return "its output head is not on the AVX2 library"
-    kind = Q8Records if isinstance(layers[0].mlp.down_proj, Q8Records) else Int4Records
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if not _shared(kind, attn.q_proj, attn.k_proj, attn.v_proj) or not _shared(kind, mlp.gate_proj, mlp.up_proj):
+        if not _shared(attn.q_proj, attn.k_proj, attn.v_proj) or not _shared(mlp.gate_proj, mlp.up_proj):
             return "its products are not q4q8 or q8q8 records shared per input"
-        if not all(_records(kind, m) for m in (attn.o_proj, mlp.down_proj)):
-            return "its products are not all q4q8 or all q8q8 records"
+        if not all(_records(m) for m in (attn.o_proj, mlp.down_proj)):
+            return "its products are not all q4q8 or q8q8 records"
     return None
 
 
-def _records(kind: type, m: Any) -> bool:
-    """Whether `m` is a product the op takes: `kind` (q4q8 records with float32 activations, or q8q8 ones), no bias."""
-    return type(m) is kind and getattr(m, "activations", "float32") == "float32" and getattr(m, "bias", None) is None
+def _records(m: Any) -> bool:
+    """Whether `m` is a product the op takes: q4q8 records with float32 activations, or q8q8 ones, no bias."""
+    return (type(m) is Q8Records or (type(m) is Int4Records and m.activations == "float32")) and m.bias is None
 
 
-def _shared(kind: type, *members: Any) -> bool:
-    """Whether `members` are `kind` records sharing one product, in this order and nothing else."""
-    if not all(_records(kind, m) and m.shared_columns is not None for m in members):
+def _shared(*members: Any) -> bool:
+    """Whether `members` are records of one kind sharing one product, in this order and nothing else."""
+    if not all(_records(m) and type(m) is type(members[0]) and m.shared_columns is not None for m in members):
         return False
     whole = members[0].shared_blocks
     lo = 0
@@ -84,26 +84,36 @@ def _shared(kind: type, *members: Any) -> bool:
     return lo == whole.shape[0] * RECORD_BLOCK
 
 
+def _scales(m: Any, shared: bool = False) -> torch.Tensor:
+    """A q8q8 product's float16 scales (its group's where `shared`), empty for q4q8 records."""
+    if not isinstance(m, Q8Records):
+        return torch.empty(0)
+    return m.shared_scales if shared else m.scales
+
+
 class NativeStep:
     """`model`'s steps through ``pardec_avx2::llama_step`` (check `native_reason` first)."""
 
     def __init__(self, model: Any) -> None:
         decoder = model.model
         tensors: list[torch.Tensor] = []
-        scales: list[torch.Tensor] = []  # q8q8: each product's scales; q4q8 records hold their own
+        # Per product (q/k/v, o, gate/up, down) a q8q8 one's scales, or nothing for q4q8
+        # records (which hold their own): a GGUF file may mix the two kinds.
+        scales: list[torch.Tensor] = []
+        none = torch.empty(0)
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
             tensors += [layer.input_layernorm.weight.detach(), attn.q_proj.shared_blocks, attn.o_proj.blocks,
                         layer.post_attention_layernorm.weight.detach(), mlp.gate_proj.shared_blocks, mlp.down_proj.blocks]
-            if isinstance(mlp.down_proj, Q8Records):
-                scales += [attn.q_proj.shared_scales, attn.o_proj.scales, mlp.gate_proj.shared_scales, mlp.down_proj.scales]
+            scales += [_scales(attn.q_proj, shared=True), _scales(attn.o_proj), _scales(mlp.gate_proj, shared=True), _scales(mlp.down_proj)]
+        if not any(t.numel() for t in scales):  # all q4q8: no scales at all
+            scales = []
         first = decoder.layers[0]
         attn = first.self_attn
         head_dim = int(attn.head_dim)
         heads = attn.q_proj.out_features // head_dim
         kv_heads = attn.k_proj.out_features // head_dim
         head = model.get_output_embeddings()
-        none = torch.empty(0)
         # The head: int8 codes with their scales and smoothing (`quant.smoothed_int8`), or float32 rows.
         smooth, codes, head_scales = (head.smooth, head.codes, head.scales) if isinstance(head, Int8F32Head) else (none, head.weight.detach(), none)
         self.weights = torch.classes.pardec_avx2.LlamaWeights(

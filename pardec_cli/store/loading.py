@@ -246,7 +246,10 @@ def load_model(
             kwargs["device_map"] = device
         try:
             if stored_blocks:  # its blocks were written by pardec itself, tensor by tensor
-                model, info = _load_quantized(path, config, dtype, device, mode, records), {}
+                # auto on the AVX2 library: each kept layer in its own width (a Q4_K_M
+                # file's Q6_K layers as Q8_0 groups, not requantized to 4 bits)
+                own_widths = weights == "auto" and (q8q8 or records == "float32")
+                model, info = _load_quantized(path, config, dtype, device, mode, records, own_widths), {}
             else:
                 model, info = _from_pretrained(AutoModelForCausalLM, path, {**kwargs, "output_loading_info": True})
         except ModelLoadError:
@@ -520,11 +523,11 @@ def check_loaded_weights(path: Path, info: dict[str, Any]) -> None:
     )
 
 
-def _load_quantized(path: Path, config: Any, dtype: str, device: str, mode: str, records: str | None) -> Any:
+def _load_quantized(path: Path, config: Any, dtype: str, device: str, mode: str, records: str | None, own_widths: bool) -> Any:
     """A model stored with its GGUF blocks kept, in SDPA attention where it has it."""
     from pardec_cli.store.quantized import load_quantized_dir
 
-    options = {"dtype": torch_dtype(dtype), "device": device, "weights": mode, "records": records}
+    options = {"dtype": torch_dtype(dtype), "device": device, "weights": mode, "records": records, "own_widths": own_widths}
     try:
         return load_quantized_dir(path, config, **options)
     except ValueError as exc:

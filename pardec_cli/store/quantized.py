@@ -297,8 +297,22 @@ def dequantize_stored(kind: str, parts: dict[str, torch.Tensor]) -> torch.Tensor
     return unpack_q4(parts["q4_codes"]).float() * _repeat_blocks(parts["q4_scale"]) + _repeat_blocks(parts["q4_min"])
 
 
+def _own_width(kind: str, parts: dict[str, torch.Tensor]) -> nn.Module | None:
+    """A kept layer on pardec's AVX2 library in its own width: 4-bit codes as q4q8 records,
+    Q8_0 blocks as they are, any other type in Q8_0 groups; None where the kernels cannot
+    take its shape."""
+    from pardec_cli.quant import Int4Records, Q8Records
+
+    if kind == "q4":
+        return Int4Records.from_codes(unpack_q4(parts["q4_codes"]), parts["q4_scale"], parts["q4_min"], activations="float32")
+    if kind == "q8":
+        return Q8Records.from_codes(parts["q8_codes"], parts["q8_scale"])
+    return Q8Records.from_weight(dequantize_stored(kind, parts))
+
+
 def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: str, weights: str,
-                       records: str | None = None, attn_implementation: str = "sdpa") -> nn.Module:  # fmt: skip
+                       records: str | None = None, own_widths: bool = False,
+                       attn_implementation: str = "sdpa") -> nn.Module:  # fmt: skip
     """Build the model of a directory stored by `convert_gguf_quantized`.
 
     `weights` is "full" (every block dequantized exactly, then cast to `dtype`), "int8"
@@ -307,6 +321,12 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
     into `Int4Records` multiplying those activations, with the GGUF's float16 scales and
     minimums exactly, where its kernels take the layer) or "q8q8" (Q8_0 codes and scales
     straight into `Q8Records`; other blocks dequantized, then in Q8_0 groups).
+
+    `own_widths` (float32 on pardec's AVX2 library, "int4" with float32 `records` or
+    "q8q8"): every decoder layer kept in blocks multiplies in its own width, whatever
+    `weights` says of the rest: 4-bit codes as q4q8 `Int4Records`, Q8_0 blocks as
+    `Q8Records`, and other types (Q5_0, Q6_K, ...) dequantized into Q8_0 groups rather than
+    down to 4 bits. `quant.share_products` then gives layers of one input one kind.
     """
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -331,6 +351,11 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
     for name, kind in layout.items():
         parts = {key.rsplit(".", 1)[1]: t for key, t in stored.items() if key.rsplit(".", 1)[0] == name}
         module_name = name.removesuffix(".weight")
+        if own_widths and module_name in linears:
+            layer = _own_width(kind, parts)
+            if layer is not None:
+                prepared[module_name] = layer
+                continue
         if weights == "int4" and kind == "q4" and module_name != "lm_head":
             codes = unpack_q4(parts["q4_codes"]).to(device)
             scale, minimum = parts["q4_scale"].to(device), parts["q4_min"].to(device)
