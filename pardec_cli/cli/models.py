@@ -392,7 +392,8 @@ def import_gguf(file: Path, name: str | None, dtype: str, force: bool, source_re
 
     Llama-family files keep their quantized blocks (the store takes about the file's
     size): Q4_0, Q4_1, Q4_K and Q8_0 run on pardec's 4- and 8-bit CPU kernels, other
-    types (Q5, Q6_K, ...) are dequantized when the model loads. Other architectures are
+    types (Q5, Q6_K, ...) are dequantized when the model loads and, with --weights auto,
+    run on the 8-bit one (each layer in its own width). Other architectures are
     dequantized by transformers into --dtype. The model is saved with its tokenizer and
     chat template, then runs with -m NAME.
     """
