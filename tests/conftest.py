@@ -146,14 +146,18 @@ def avx2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """pardec's AVX2 library (this CPU's build of it), built once for the test run and loaded
     into this process; skips on a CPU without AVX2 and FMA. Here, not in a test module: a
     session fixture imported into two modules is built twice, and a second library of the
-    same name does not load."""
+    same name does not load. One build serves every worker: `kernels.build` waits for a
+    build under way in another process and loads it (about 25 s of compiling each)."""
     from pardec_cli import kernels
     from pardec_cli.hardware import cpu_info
 
     flags = cpu_info().flags
     if not kernels.avx2_runs(flags):
         pytest.skip("this CPU lacks AVX2 and FMA")
-    directory = kernels.build_dir(tmp_path_factory.mktemp("kernels"), kernels.avx2_library(flags))
+    # Under xdist each worker's base temp is a folder of the run's shared one.
+    run_temp = tmp_path_factory.getbasetemp()
+    shared = run_temp.parent if os.environ.get("PYTEST_XDIST_WORKER") else run_temp
+    directory = kernels.build_dir(shared / "kernels", kernels.avx2_library(flags))
     kernels.build(directory)
     assert kernels.load(directory) and kernels.loaded(kernels.AVX2)
     return directory
