@@ -1257,7 +1257,7 @@ def _one_kind_per_input(model: nn.Module, seen: dict[nn.Module, list[torch.Tenso
     names = {m: name for name, m in model.named_modules()}
     by_input: dict[tuple[object, ...], list[nn.Module]] = {}
     for m, inputs in seen.items():
-        if inputs and _avx2_records(m):
+        if inputs and avx2_records(m) and m.shared_columns is None:
             by_input.setdefault((*map(id, inputs), m.in_features), []).append(m)
     for members in by_input.values():
         weights: dict[type, int] = {}
@@ -1280,9 +1280,10 @@ def _one_kind_per_input(model: nn.Module, seen: dict[nn.Module, list[torch.Tenso
                 seen[new] = seen.pop(m)
 
 
-def _avx2_records(m: nn.Module) -> bool:
-    """Whether `m` multiplies on the AVX2 library's q4q8 or q8q8 kernel, alone so far."""
-    return (type(m) is Q8Records or (type(m) is Int4Records and m.activations == "float32")) and m.shared_columns is None
+def avx2_records(m: nn.Module) -> bool:
+    """Whether `m` multiplies on the AVX2 library's q4q8 kernel (`Int4Records` with float32
+    activations) or its q8q8 one (`Q8Records`): the products the native step takes."""
+    return type(m) is Q8Records or (type(m) is Int4Records and m.activations == "float32")
 
 
 def _share_key(m: nn.Module) -> tuple[object, ...] | None:

@@ -416,8 +416,10 @@ def test_the_native_step_computes_what_the_eager_step_does(avx2_dir: Path, weigh
     another order of float operations, so not the same bits)."""
     from pardec_cli.engine.runner import CompiledLanguageModel
 
-    if weights in ("q8q8", "q4q8+q8q8"):
-        model = q8q8_llama() if weights == "q8q8" else mixed_llama()
+    if weights == "q8q8":
+        model = q8q8_llama()
+    elif weights == "q4q8+q8q8":
+        model = mixed_llama()
     else:
         model = native_llama(head="float32" if "float32" in weights else "int8")
     native = CompiledLanguageModel(model, compile_missing=False)

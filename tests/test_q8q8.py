@@ -150,7 +150,7 @@ def test_a_native_step_needs_one_kind_per_shared_product(avx2_dir: Path) -> None
 def test_layers_of_one_input_in_two_kinds_take_the_kind_of_most_of_their_weights(avx2_dir: Path) -> None:
     """A Q4_K_M file's Q6_K v projection beside Q4_K q and k: to share one product they
     take one kind, the one holding most of their weights (q and k: 4 bits), the others
-    requantized from their dense weights; a group mostly of int8 groups takes that kind."""
+    requantized from their dense weights; as many weights of each kind: the wider."""
     model = tiny_llama(3, vocab=96, layers=1, hidden=64)
     quant.quantize_linears(model, "int4")
     quant.use_records(model, "float32")
@@ -161,7 +161,7 @@ def test_layers_of_one_input_in_two_kinds_take_the_kind_of_most_of_their_weights
     quant.share_products(model, lambda: model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=False))
     assert {type(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)} == {quant.Int4Records}
     assert attn.v_proj.shared_blocks is attn.q_proj.shared_blocks
-    q, scale, minimum = quant.int4_codes_from_weight(dense_v, 32)
+    q, _, _ = quant.int4_codes_from_weight(dense_v, 32)
     assert torch.equal(attn.v_proj.codes()[0], q)  # requantized from the int8 groups' weights
     assert type(mlp.gate_proj) is type(mlp.up_proj) is Q8Records and mlp.gate_proj.shared_columns is not None
 

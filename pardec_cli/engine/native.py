@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from pardec_cli import kernels
-from pardec_cli.quant import RECORD_BLOCK, F32Linear, Int4Records, Int8F32Head, Q8Records
+from pardec_cli.quant import RECORD_BLOCK, F32Linear, Int8F32Head, Q8Records, avx2_records
 
 
 def native_reason(model: Any) -> str | None:
@@ -68,7 +68,7 @@ def native_reason(model: Any) -> str | None:
 
 def _records(m: Any) -> bool:
     """Whether `m` is a product the op takes: q4q8 records with float32 activations, or q8q8 ones, no bias."""
-    return (type(m) is Q8Records or (type(m) is Int4Records and m.activations == "float32")) and m.bias is None
+    return avx2_records(m) and m.bias is None
 
 
 def _shared(*members: Any) -> bool:
