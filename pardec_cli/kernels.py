@@ -34,7 +34,8 @@ attention over a float32 or float16 cache alone, what float32 models on this lib
 attend with (``engine.attention``).
 It also holds ``pardec_avx2::llama_step``, a Llama decoder's whole step on those ops in one
 call (``engine.native``): what the runner runs instead of its compiled graphs where a model
-is exactly that (q4q8 or q8q8 layers in float32).
+is exactly that (q4q8 or q8q8 layers in float32); and ``pardec_avx2::llama_head``, that
+step's head for rows it returned without (what verification reads: ``engine.verify.HeadRows``).
 
 Each library is compiled once per machine with torch's C++ extension builder into pardec's
 store. The first load that could use one starts a detached build at the lowest CPU

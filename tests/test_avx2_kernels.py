@@ -592,8 +592,64 @@ def test_the_native_step_computes_the_last_rows_logits_alone_on_request(avx2_dir
         step = NativeStep(model)
         buffers = StaticKVCache(model.config, 64, dtype=torch.float16, device=cpu).buffers()
         assert torch.equal(step(ids, positions, mask, 0, buffers, False, rows)[0], every[:, -min(rows, 5):])
-    with pytest.raises(RuntimeError, match="logit_rows must be >= 0"):
-        step(ids, positions, mask, 0, buffers, False, -1)
+    with pytest.raises(RuntimeError, match="logit_rows must be >= -1"):
+        step(ids, positions, mask, 0, buffers, False, -2)
+
+
+@pytest.mark.parametrize("head", ["int8", "float32"])
+def test_a_step_without_its_head_returns_the_rows_whose_head_gives_the_step_s_logits(avx2_dir: Path, head: str) -> None:
+    """`NO_HEAD`: the final-normed rows come back instead of logits, and `head` of any of
+    them, alone or together, gives the bits of the whole step's logits of those rows."""
+    from pardec_cli.engine.native import NO_HEAD, NativeStep
+    from pardec_cli.engine.runner import step_mask
+    from pardec_cli.engine.static_cache import StaticKVCache
+
+    model = native_llama(head=head)
+    cpu = torch.device("cpu")
+    mask, positions = step_mask(0, 7, 64, None, dtype=torch.float32, device=cpu)
+    ids = torch.tensor([random_prompt(3)[:7]])
+    every = NativeStep(model)(ids, positions, mask, 0, StaticKVCache(model.config, 64, dtype=torch.float16, device=cpu).buffers(), False)[0][0]
+    step = NativeStep(model)
+    normed = step(ids, positions, mask, 0, StaticKVCache(model.config, 64, dtype=torch.float16, device=cpu).buffers(), False, NO_HEAD)[0][0]
+    assert normed.shape == (7, model.config.hidden_size)
+    assert torch.equal(step.head(normed), every)
+    for lo, hi in ((0, 1), (2, 6), (6, 7)):
+        assert torch.equal(step.head(normed[lo:hi]), every[lo:hi])
+    with pytest.raises(RuntimeError, match="llama_head: rows must be float32"):
+        step.head(torch.zeros(2, model.config.hidden_size + 1))
+
+
+def test_verification_reads_the_native_step_s_head_rows_as_it_needs_them(avx2_dir: Path) -> None:
+    """A step of more rows than a tile comes from `forward_rows` as `HeadRows` (once the
+    native step was checked): the head runs for the first tile, then for the other rows once
+    one of them is read, and every row is
+    the bits `forward` gives, for a chain and a tree; a tile's worth of rows or fewer, or a
+    step before the check, comes as the logits tensor."""
+    from pardec_cli.engine.cache import rollback_to
+    from pardec_cli.engine.runner import CompiledLanguageModel
+    from pardec_cli.engine.verify import HeadRows
+
+    runner = CompiledLanguageModel(native_llama(), compile_missing=False)
+    tile = runner.row_tile
+    prompt, tokens = random_prompt(5), random_prompt(6)[: 3 * tile]
+    tree = (-1, 0, 0, *range(2, len(tokens) - 2))  # two children under the first node, a chain under the second
+    with torch.inference_mode():
+        cache = runner.new_cache(64)
+        assert isinstance(runner.forward_rows(prompt, cache), torch.Tensor)  # the first native step: checked, with logits
+        start = cache.length
+        fulls = []
+        for parents in (None, tree):
+            full = runner.forward(tokens, cache, parents=parents)
+            fulls.append(full)
+            rollback_to(cache, start)
+            rows = runner.forward_rows(tokens, cache, parents=parents)
+            assert isinstance(rows, HeadRows) and cache.length == start + len(tokens) and len(rows) == len(tokens)
+            assert torch.equal(rows[0], full[0]) and rows.computed() == tile
+            assert rows.argmax(tile + 1) == int(full[tile + 1].argmax()) and rows.computed() == len(tokens)
+            assert all(torch.equal(rows[i], full[i]) for i in range(len(tokens))) and torch.equal(rows[-1], full[-1])
+            rollback_to(cache, start)
+        few = runner.forward_rows(tokens[:tile], cache)
+        assert isinstance(few, torch.Tensor) and torch.equal(few, fulls[0][:tile])
 
 
 @pytest.mark.parametrize("start,rows,window", [(0, 1, 32), (20, 1, 32), (20, 3, 32), (20, 3, 64), (19, 2, 21)])

@@ -12,7 +12,7 @@ from pardec_cli.engine import verify as verify_module
 from pardec_cli.engine.loop import decode
 from pardec_cli.engine.proposal import Draft
 from pardec_cli.engine.sampling import SamplingParams, greedy_token, logits_to_probs, sample_from
-from pardec_cli.engine.verify import verify_sampling
+from pardec_cli.engine.verify import HeadRows, LazyRows, verify_greedy, verify_sampling
 from pardec_cli.errors import PardecUsageError
 from pardec_cli.methods import registry
 from tests.stats_helpers import chi_square_p_value
@@ -208,6 +208,42 @@ def test_end_to_end_test_catches_a_wrong_tree_rule(models, monkeypatch):
     target, drafter, exact = models
     counts = _sample_joint("recycling", {"topk": 3, "nodes": 6, "depth": 2}, target, drafter, 2000)
     assert chi_square_p_value(counts, exact) < 1e-4
+
+
+def test_verification_over_head_rows_computes_the_rows_it_reads_and_decides_as_over_all_logits():
+    """`HeadRows` (a step whose head runs for the rows read): greedy and sampling walks give
+    the verdicts they give over the whole logits tensor; the head ran for the first tile,
+    and for the other rows in one more pass once the walk read past it."""
+    torch.manual_seed(0)
+    vocab, width, rows, tile = 50, 8, 11, 4
+    weight, normed = torch.randn(vocab, width), torch.randn(rows, width)
+    calls: list[int] = []
+
+    def head(x: torch.Tensor) -> torch.Tensor:  # each row alone: the same bits in any tile
+        calls.append(x.shape[0])
+        return torch.stack([weight @ row for row in x])
+
+    full = head(normed)
+    best = full.argmax(-1).tolist()
+    # The target's own tokens for 5 nodes, then one it would not pick: greedy keeps 5, reading rows 0-5.
+    tokens = (*best[:5], (best[5] + 1) % vocab, *best[6:10])
+    for parents in (None, (-1, 0, 1, 2, 3, 4, 4, 6, 7, 8)):  # a chain; a tree with a sibling at the 7th node
+        draft = Draft(tokens=tokens, parents=parents)
+        calls.clear()
+        verdict = verify_greedy(draft, HeadRows(normed, head, tile))
+        assert verdict == verify_greedy(draft, full) and verdict.accepted == 5 and calls == [tile, rows - tile]
+    calls.clear()
+    draft = Draft(tokens=((best[0] + 1) % vocab, *tokens[1:]))  # rejected at once: the first tile only
+    assert verify_greedy(draft, HeadRows(normed, head, tile)) == verify_greedy(draft, full) and calls == [tile]
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+
+    def process(row: torch.Tensor) -> torch.Tensor:
+        return logits_to_probs(row, params)
+
+    draft = Draft(tokens=tokens)
+    for seed in range(20):
+        lazy = verify_sampling(draft, LazyRows(HeadRows(normed, head, tile), process), torch.Generator().manual_seed(seed))
+        assert lazy == verify_sampling(draft, LazyRows(full, process), torch.Generator().manual_seed(seed))
 
 
 def test_same_seed_same_text():

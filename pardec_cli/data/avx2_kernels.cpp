@@ -1003,6 +1003,24 @@ inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) 
 // one row's, and the head is the largest product: 28 MB for SmolLM2-135M's 49,152 words);
 // `states`, if given ([L + 1, R, E]), gets transformers' hidden states: the embeddings,
 // each layer's output but the last, the final norm's output.
+// Logits [n, V] of final-normed rows [n, E] (contiguous): the smoothing (on a copy), then
+// the head's product, as `quant.Int8F32Head` multiplies (or a float32 head's rows).
+at::Tensor head_logits(const LlamaWeights& w, const at::Tensor& normed) {
+  if (w.codes.scalar_type() == at::kFloat) return product<float>(normed, w.codes, nullptr);
+  at::Tensor in = normed;
+  if (w.smooth.numel()) {
+    const int64_t n = normed.size(0), E = normed.size(1);
+    in = at::empty({n, E}, normed.options());
+    const float* sm = w.smooth.data_ptr<float>();
+    const float* src = normed.data_ptr<float>();
+    float* dst = in.data_ptr<float>();
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < E; ++i) dst[r * E + i] = src[r * E + i] * sm[i];
+    }
+  }
+  return q8q8_mm(in, w.codes, w.scales);
+}
+
 at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tensor& ids, const at::Tensor& cos, const at::Tensor& sin,
                       const at::Tensor& positions_in, const at::Tensor& mask_in, int64_t start, const std::optional<at::Tensor>& states,
                       int64_t logit_rows, int64_t window) {
@@ -1010,8 +1028,9 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   const int64_t H = w->heads, Hkv = w->kv_heads, D = w->head_dim, I = w->inter, Q = H * D, KV = Hkv * D, QKV = Q + 2 * KV;
   const int64_t R = ids.numel();
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous() && R > 0, "llama_step: ids must be int64 [R]");
-  TORCH_CHECK(logit_rows >= 0, "llama_step: logit_rows must be >= 0 (0: every row), got ", logit_rows);
-  // The rows whose logits are wanted: the last logit_rows (a prefill wants its last row's).
+  // The rows whose logits are wanted: the last logit_rows (a prefill wants its last row's),
+  // 0: every row; -1: none, the final-normed rows [R, E] are returned instead.
+  TORCH_CHECK(logit_rows >= -1, "llama_step: logit_rows must be >= -1 (0: every row, -1: no head), got ", logit_rows);
   const int64_t first_logit = logit_rows > 0 ? R - std::min(logit_rows, R) : 0;
   // A chain without positions and mask: start + r, and 0 over cache rows 0..start+r with the
   // float's lowest beyond (what `runner.step_mask` writes: the same bits as one handed in).
@@ -1112,15 +1131,17 @@ at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tenso
   float* np = normed.data_ptr<float>();
   for (int64_t r = 0; r < R; ++r) rms_norm(x.data() + r * E, w->final_norm.data_ptr<float>(), E, eps, np + r * E);
   if (st) std::copy_n(np, R * E, st + L * R * E);
-  if (w->smooth.numel()) {
-    const float* sm = w->smooth.data_ptr<float>();
-    for (int64_t r = first_logit; r < R; ++r) {
-      for (int64_t i = 0; i < E; ++i) np[r * E + i] *= sm[i];
-    }
-  }
-  const at::Tensor head_in = normed.narrow(0, first_logit, R - first_logit);  // contiguous: whole rows
-  if (w->codes.scalar_type() == at::kFloat) return product<float>(head_in, w->codes, nullptr);
-  return q8q8_mm(head_in, w->codes, w->scales);  // as `quant.Int8F32Head` multiplies
+  if (logit_rows < 0) return normed;  // no head: the caller takes the rows it reads (`llama_head`)
+  return head_logits(*w, normed.narrow(0, first_logit, R - first_logit));  // contiguous: whole rows
+}
+
+// The head's logits [n, V] of final-normed rows [n, E] (float32, contiguous): what
+// `llama_step` ends with, for rows a caller reads after the step (verification reads the
+// rows of its walk only; each row's logits are the same bits whatever rows come with it).
+at::Tensor llama_head(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tensor& normed) {
+  TORCH_CHECK(normed.dim() == 2 && normed.size(1) == w->embed.size(1) && normed.scalar_type() == at::kFloat && normed.device().is_cpu(),
+              "llama_head: rows must be float32 [n, ", w->embed.size(1), "], got ", normed.sizes());
+  return head_logits(*w, normed.contiguous());
 }
 
 }  // namespace
@@ -1140,6 +1161,7 @@ TORCH_LIBRARY(pardec_avx2, m) {
       .def("set_cache", &LlamaWeights::set_cache);
   m.def("llama_step(__torch__.torch.classes.pardec_avx2.LlamaWeights weights, Tensor ids, Tensor cos, Tensor sin, Tensor positions, "
         "Tensor mask, int start, Tensor? states, int logit_rows=0, int window=0) -> Tensor");
+  m.def("llama_head(__torch__.torch.classes.pardec_avx2.LlamaWeights weights, Tensor normed) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pardec_avx2, CPU, m) {
   m.impl("f32_mm", &f32_mm);
@@ -1149,4 +1171,5 @@ TORCH_LIBRARY_IMPL(pardec_avx2, CPU, m) {
   m.impl("q8q8_blocks_mm", &q8q8_blocks_mm);
   m.impl("attention", &attention);
   m.impl("llama_step", &llama_step);
+  m.impl("llama_head", &llama_head);
 }

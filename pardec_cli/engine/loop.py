@@ -18,7 +18,9 @@ What a proposer needs beyond the verdict it says once in `proposer.needs()`: the
 target's top next tokens per verified position (Jacobi, lookahead, recycling), or its
 hidden states (Medusa, EAGLE), which the same forwards return (no second pass): those of
 the prompt go to `proposer.prefilled`, those of the root and the kept path to
-`proposer.update` (`Outcome.features`). Other methods pay nothing for it.
+`proposer.update` (`Outcome.features`). Other methods pay nothing for it; where only
+verification reads the logits, a runner may compute the head for the rows it reads
+(`target.forward_rows`, `engine.verify.HeadRows`).
 
 Invariant: the cache holds every context token except the last one, which is fed as
 the first input of the next step. So a step that keeps `a` drafted tokens leaves
@@ -37,7 +39,7 @@ from pardec_cli.engine.events import FINISH_EOS, FINISH_LENGTH, StepEvent
 from pardec_cli.engine.model import LanguageModel
 from pardec_cli.engine.proposal import Draft, Outcome, Proposer, StartContext, fit_to_tiles
 from pardec_cli.engine.sampling import SamplingParams, greedy_token, logits_to_probs, make_generator, sample_from
-from pardec_cli.engine.verify import LazyRows, Verdict, verify_greedy, verify_sampling
+from pardec_cli.engine.verify import HeadRows, LazyRows, Verdict, verify_greedy, verify_sampling
 from pardec_cli.errors import ContextOverflowError, PardecUsageError
 
 
@@ -115,12 +117,14 @@ def decode(
             inputs = [context[-1], *draft.tokens]
             if layers:
                 logits, features = target.forward_features(inputs, cache, layers, parents=draft.parents)  # [k+1, V], [k+1, F]
-            else:
+            elif top_k:
                 logits, features = target.forward(inputs, cache, parents=draft.parents), None  # [k+1, V]
+            else:  # only verification reads the rows: the head may run for those alone
+                logits, features = target.forward_rows(inputs, cache, parents=draft.parents), None
             t_forward = perf_counter()
             verdict = _verify(draft, logits, sampling, generator)
             keep_path(cache, len(context), verdict.path)
-            top_tokens = torch.topk(logits, top_k, dim=-1).indices if top_k else None  # [k+1, top_k]
+            top_tokens = torch.topk(logits, top_k, dim=-1).indices if top_k else None  # [k+1, top_k]; a tensor then
             if features is not None:
                 # The rows of the root and of each kept node: [1 + accepted, F].
                 rows = torch.tensor([0, *(node + 1 for node in verdict.path)], device=features.device)
@@ -143,12 +147,13 @@ def decode(
     del cache
 
 
-def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> Verdict:
+def _verify(draft: Draft, logits: torch.Tensor | HeadRows, sampling: SamplingParams, generator: torch.Generator | None) -> Verdict:
     if sampling.greedy:
         return verify_greedy(draft, logits)
     # A chain's rows are all on its one path: process them in one batch. A tree's walk
-    # visits a few of its rows: process those only.
-    rows = logits_to_probs(logits, sampling) if draft.is_chain else LazyRows(logits, lambda row: logits_to_probs(row, sampling))
+    # visits a few of its rows (and `HeadRows` computes the rows read): process those only.
+    batch = draft.is_chain and isinstance(logits, torch.Tensor)
+    rows = logits_to_probs(logits, sampling) if batch else LazyRows(logits, lambda row: logits_to_probs(row, sampling))
     return verify_sampling(draft, rows, generator)
 
 

@@ -80,6 +80,12 @@ class LanguageModel:
         """
         return self._run(token_ids, cache, last_only, parents, hidden=False).logits[0]
 
+    def forward_rows(self, token_ids: Sequence[int], cache: Any, *, parents: Sequence[int] | None = None) -> Any:
+        """`forward` for a caller that reads the logits row by row (verification): a [n, V]
+        tensor here; a runner whose head can run for some rows only may return
+        `engine.verify.HeadRows`, computing the rows as they are read."""
+        return self.forward(token_ids, cache, parents=parents)
+
     def forward_features(
         self,
         token_ids: Sequence[int],

@@ -91,6 +91,10 @@ def _scales(m: Any, shared: bool = False) -> torch.Tensor:
     return m.shared_scales if shared else m.scales
 
 
+#: `NativeStep`'s `logit_rows` for a step without its head: the final-normed rows come back.
+NO_HEAD = -1
+
+
 class NativeStep:
     """`model`'s steps through ``pardec_avx2::llama_step`` (check `native_reason` first)."""
 
@@ -147,8 +151,9 @@ class NativeStep:
         rows written at start..start+R-1 of the cache `buffers`; positions and mask None for a
         chain (each row after the cached rows and the new rows before it) over the first
         `window` cache rows, which the op builds as `step_mask` would. Returns (logits [1, R, V],
-        or [1, logit_rows, V] of the last rows where `logit_rows` > 0, transformers' hidden
-        states, each [1, R, E], with `hidden`, else None)."""
+        or [1, logit_rows, V] of the last rows where `logit_rows` > 0, or where it is `NO_HEAD`
+        the final-normed rows [1, R, E] for `head`; transformers' hidden states, each
+        [1, R, E], with `hidden`, else None)."""
         ids = input_ids.view(-1)
         pos = self._no_positions if positions is None else positions.view(-1)
         if mask is None:
@@ -161,3 +166,8 @@ class NativeStep:
         states = torch.empty(self.layers + 1, ids.shape[0], self.hidden_size) if hidden else None
         logits = torch.ops.pardec_avx2.llama_step(self.weights, ids, cos, sin, pos, mask, start, states, logit_rows, window)
         return logits.unsqueeze(0), (None if states is None else tuple(s.unsqueeze(0) for s in states))
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        """The head's logits [n, V] of final-normed rows [n, E] (a `NO_HEAD` step's): the
+        same bits as the step's own logits of those rows."""
+        return torch.ops.pardec_avx2.llama_head(self.weights, normed)

@@ -58,9 +58,10 @@ import torch
 from pardec_cli.engine.attention import CAUSAL_PREFILL, CPU_ATTENTION, KERNEL_ATTENTION, REDUCE_ROWS
 from pardec_cli.engine.attention import register as register_attention
 from pardec_cli.engine.model import TREE_ATTENTION, LanguageModel
-from pardec_cli.engine.native import NativeStep, native_reason
+from pardec_cli.engine.native import NO_HEAD, NativeStep, native_reason
 from pardec_cli.engine.static_cache import StaticKVCache, capacity_for
 from pardec_cli.engine.tree import ancestor_matrix, depths
+from pardec_cli.engine.verify import HeadRows
 from pardec_cli.errors import PardecUsageError, first_line
 from pardec_cli import kernels
 from pardec_cli.quant import (MERGE_SHARED_PRODUCTS, merge_shared_products, on_own_bf16_kernels, on_own_f32_kernels,
@@ -502,13 +503,24 @@ class CompiledLanguageModel(LanguageModel):
 
     # -- forward ------------------------------------------------------------------------
 
+    def forward_rows(self, token_ids: Sequence[int], cache: Any, *, parents: Sequence[int] | None = None) -> torch.Tensor | HeadRows:
+        """`forward`; on the native step, for more rows than a tile, the logits come as
+        `HeadRows`: the head runs for the rows verification reads, not for every row."""
+        logits = self._run(token_ids, cache, False, parents, hidden=False, head_rows=True).logits
+        return logits if isinstance(logits, HeadRows) else logits[0]
+
     def _run(
-        self, token_ids: Sequence[int], cache: Any, last_only: bool, parents: Sequence[int] | None, *, hidden: bool
+        self, token_ids: Sequence[int], cache: Any, last_only: bool, parents: Sequence[int] | None, *, hidden: bool,
+        head_rows: bool = False,
     ) -> Any:
         if not isinstance(cache, StaticKVCache):
             return super()._run(token_ids, cache, last_only, parents, hidden=hidden)
         rows = len(token_ids)
         start = cache.length
+        # Without the head (`HeadRows`) once the native step was checked (its check compares
+        # logits), for more rows than a tile: up to a tile, a walk's first read computes them all.
+        head_rows = head_rows and rows > self.row_tile and not last_only and not hidden and self.native is not None and self._native_checked
+        no_head = NO_HEAD if head_rows else 0
         if last_only and rows > 1 and parents is None and not hidden and self.native is not None and start + rows <= NATIVE_PREFILL_MAX:
             prefilled = self._native_prefill(token_ids, cache)
             if prefilled is not None:
@@ -517,21 +529,24 @@ class CompiledLanguageModel(LanguageModel):
         kind = graph_kind(rows) if rows == 1 or not last_only else None
         padding = padded_rows(rows) - rows if kind in (VERIFY, VERIFY_WIDE) and self.fixed_shapes else 0
         chain = kind is not None and parents is None and not padding and self.native is not None and self._native_checked
-        out = self._native_chain(token_ids, cache, start, hidden) if chain else None  # None: it failed, eager below
+        out = self._native_chain(token_ids, cache, start, hidden, no_head) if chain else None  # None: it failed, eager below
         if out is None:
             mask, positions = self._place(cache, start, rows, parents, padding)
             input_ids = self.as_input([*token_ids, *[0] * padding])
             if kind is not None and not chain:
                 if self.native is not None:
-                    out = self._native_step(input_ids, positions, mask, cache, start, hidden)
+                    out = self._native_step(input_ids, positions, mask, cache, start, hidden, logit_rows=no_head)
                 else:
                     out = self._compiled_step(kind, hidden, (self.model, input_ids, positions, mask, cache, hidden, self._cache_keyword))
             if out is None:
+                head_rows = False
                 # A fresh prefill of a chain: causal from the top left, no mask to read (`attention.prefill_attention`).
                 causal = kind is None and start == 0 and parents is None
                 out = self._eager(input_ids, positions, mask, cache, hidden, last_only, causal=causal)
         cache.length = start + rows
         logits, states = out
+        if head_rows and self.native is not None:  # [1, rows, E] final-normed rows
+            return _Output(HeadRows(logits[0], self.native.head, self.row_tile), None)
         if padding:  # [1, rows + padding, V] -> [1, rows, V]; hidden states alike
             logits = logits[:, :rows]
             states = None if states is None else tuple(state[:, :rows] for state in states)
@@ -606,19 +621,20 @@ class CompiledLanguageModel(LanguageModel):
             logits = out[0]
         return _Output(logits, None)
 
-    def _native_chain(self, token_ids: Sequence[int], cache: StaticKVCache, start: int, hidden: bool) -> Any:
+    def _native_chain(self, token_ids: Sequence[int], cache: StaticKVCache, start: int, hidden: bool, logit_rows: int = 0) -> Any:
         """A chain of new rows (plain decoding, a drafted sequence) on the native step once its
         first step was checked: the op makes the rows' positions and causal mask itself, so no
         mask or position tensors are built in Python (after a step has streamed the weights
         through the caches, each torch call between steps costs tens of microseconds; the
         mask's took ~0.1 ms of a 5 ms step: docs/runner.md). None where the step failed."""
         window = self._room(cache, start, len(token_ids))  # as `_place` attends
-        return self._native_step(self.as_input(token_ids), None, None, cache, start, hidden, window=window)
+        return self._native_step(self.as_input(token_ids), None, None, cache, start, hidden, logit_rows, window=window)
 
     def _native_step(self, input_ids: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None,
                      cache: StaticKVCache, start: int, hidden: bool, logit_rows: int = 0, window: int = 0) -> Any:  # fmt: skip
         """A step through `engine.native` (logits of its last `logit_rows` rows, 0: of every
-        row; positions and mask None: a chain over the first `window` cache rows, once checked);
+        row, `NO_HEAD`: its final-normed rows, once checked; positions and mask None: a chain
+        over the first `window` cache rows, once checked);
         its first one is checked against the eager step (run first: the cache keeps the rows
         the native step writes, as in every later step). A mismatch, or an error, turns the
         native step off for this model, with a notice."""
@@ -714,5 +730,5 @@ def _close(got: torch.Tensor, expected: torch.Tensor, exact: bool = True) -> boo
 class _Output:
     """The two fields of a transformers output that `LanguageModel` reads."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | HeadRows
     hidden_states: tuple[torch.Tensor, ...] | None

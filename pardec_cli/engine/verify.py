@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -46,7 +46,7 @@ class Verdict:
 
 
 class Rows(Protocol):
-    """Target distributions by input row: a [k+1, V] tensor, or `LazyRows`."""
+    """Target distributions (or logits) by input row: a [k+1, V] tensor, `LazyRows` or `HeadRows`."""
 
     def __getitem__(self, row: int) -> torch.Tensor: ...
 
@@ -58,7 +58,7 @@ class LazyRows:
     the whole vocabulary, so computing all of them would cost more than the walk.
     """
 
-    def __init__(self, logits: torch.Tensor, process: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, logits: Rows, process: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self._logits, self._process = logits, process
         self._done: dict[int, torch.Tensor] = {}
 
@@ -69,9 +69,61 @@ class LazyRows:
         return probs
 
 
-def verify_greedy(draft: Draft, logits: torch.Tensor, *, all_rows: bool | None = None) -> Verdict:
-    """logits: [k+1, V] for the inputs [root, *draft.tokens]. `all_rows`: take every
-    row's argmax at once (None: off a CPU).
+class HeadRows:
+    """A step's logits [n, V] whose head runs for the rows read: the first tile's, then the rest.
+
+    A walk reads a few of a draft's rows (the kept path and the bonus row), and a large
+    vocabulary's head is a fifth to a quarter of a CPU step (SmolLM2's 49k words: 7.7 of
+    31 ms at 16 rows on AVX2; docs/runner.md). Reading a row of the first `tile` computes
+    those rows (one pass over the head's weights costs about the same for a tile's rows as
+    for one); reading a row past them computes every other row in one more pass (a walk
+    that got that far often goes further, and each pass reads the whole head from memory).
+    `head` must give each row the same logits whatever rows come with it.
+    """
+
+    def __init__(self, normed: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], tile: int) -> None:
+        self._normed, self._head, self._tile = normed, head, max(1, tile)  # normed: [n, E] final-normed rows
+        self._parts: dict[int, torch.Tensor] = {}  # first row (0 or tile) -> logits of its rows [rows, V]
+        self._tables: dict[int, Any] = {}  # first row -> numpy view of a float32 part
+
+    def __len__(self) -> int:
+        return int(self._normed.shape[0])
+
+    def _part_of(self, row: int) -> tuple[int, int, torch.Tensor]:
+        """(the first row of `row`'s part, `row`'s offset in it, the part's logits)."""
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"row {row} of {len(self)}")
+        row %= len(self)
+        first = 0 if row < self._tile else self._tile
+        logits = self._parts.get(first)
+        if logits is None:
+            rows = self._normed[:first + self._tile] if first == 0 else self._normed[first:]
+            logits = self._parts[first] = self._head(rows)
+        return first, row - first, logits
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        """Row `row`'s logits [V]."""
+        _, offset, logits = self._part_of(row)
+        return logits[offset]
+
+    def argmax(self, row: int) -> int:
+        """The greedy token of row `row` (numpy's argmax, as `greedy_token` takes)."""
+        first, offset, logits = self._part_of(row)
+        if logits.dtype != torch.float32 or logits.device.type != "cpu":
+            return greedy_token(logits[offset])
+        table = self._tables.get(first)
+        if table is None:
+            table = self._tables[first] = logits.numpy()
+        return int(table[offset].argmax())
+
+    def computed(self) -> int:
+        """How many rows' logits were computed so far."""
+        return sum(int(part.shape[0]) for part in self._parts.values())
+
+
+def verify_greedy(draft: Draft, logits: torch.Tensor | HeadRows, *, all_rows: bool | None = None) -> Verdict:
+    """logits: [k+1, V] (or `HeadRows`) for the inputs [root, *draft.tokens]. `all_rows`:
+    take every row's argmax at once (None: off a CPU).
 
     On a CPU the argmax is taken only for the rows the walk visits (the kept path and the
     bonus row): over a 49k vocabulary it costs ~0.01 ms per row (`greedy_token`), which a
@@ -82,17 +134,20 @@ def verify_greedy(draft: Draft, logits: torch.Tensor, *, all_rows: bool | None =
     children = children_by_row(draft.parents, len(tokens))
     path: list[int] = []
     row = 0
-    if all_rows is None:
-        all_rows = logits.device.type != "cpu"
-    wants = logits.float().argmax(-1).tolist() if all_rows else None
-    # float32 on a CPU: numpy's view of every row, one torch call for the step rather than
-    # `greedy_token`'s four per row visited (~40 us less per step with the caches flushed by
-    # the step's weights, docs/runner.md); numpy's argmax is what `greedy_token` takes too.
-    table = None
-    if wants is None and logits.dtype == torch.float32 and logits.device.type == "cpu":
-        table = (logits.detach() if logits.requires_grad else logits).numpy()
+    wants = table = None
+    if not isinstance(logits, HeadRows):
+        if all_rows is None:
+            all_rows = logits.device.type != "cpu"
+        wants = logits.float().argmax(-1).tolist() if all_rows else None
+        # float32 on a CPU: numpy's view of every row, one torch call for the step rather than
+        # `greedy_token`'s four per row visited (~40 us less per step with the caches flushed by
+        # the step's weights, docs/runner.md); numpy's argmax is what `greedy_token` takes too.
+        if wants is None and logits.dtype == torch.float32 and logits.device.type == "cpu":
+            table = (logits.detach() if logits.requires_grad else logits).numpy()
     while True:
-        if wants is not None:
+        if isinstance(logits, HeadRows):
+            want = logits.argmax(row)
+        elif wants is not None:
             want = wants[row]
         elif table is not None:
             want = int(table[row].argmax())
