@@ -1070,11 +1070,28 @@ def smoothed_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     """A head's int8 codes as `Int8Head` and `Int8RecordsHead` hold them: each input column
     j divided by ``c[j] = sqrt(max |W[:, j]|)`` (SmoothQuant's alpha 0.5, from the weight
     alone; the activations are multiplied by it), then one symmetric scale per row. Returns
-    (codes int8 [V, K], scales float32 [V], c float32 [K])."""
-    w = weight.detach().float()  # [V, K]
-    smooth = w.abs().amax(dim=0).clamp(min=1e-12).sqrt()  # [K]
-    rows = Int8Linear.from_weight(w / smooth)
-    return rows.weight_int8, rows.scales, smooth
+    (codes int8 [V, K], scales float32 [V], c float32 [K]).
+
+    In slices of `SMOOTH_ROWS` rows, each row's arithmetic `Int8Linear.from_weight`'s: a
+    whole head's float32 temporaries (113 MB each for a 49k x 576 head) are fresh pages the
+    kernel zeroes, and made a load wait 0.4 s here, 0.1 s in slices (docs/runner.md)."""
+    w = weight.detach()  # [V, K]
+    smooth = torch.zeros(w.shape[1], device=w.device)
+    for first in range(0, w.shape[0], SMOOTH_ROWS):
+        torch.maximum(smooth, w[first : first + SMOOTH_ROWS].float().abs().amax(dim=0), out=smooth)
+    smooth = smooth.clamp(min=1e-12).sqrt()  # [K]
+    codes = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scales = torch.empty(w.shape[0], device=w.device)
+    for first in range(0, w.shape[0], SMOOTH_ROWS):
+        part = w[first : first + SMOOTH_ROWS].float() / smooth
+        rows = Int8Linear.from_weight(part)
+        codes[first : first + SMOOTH_ROWS] = rows.weight_int8
+        scales[first : first + SMOOTH_ROWS] = rows.scales
+    return codes, scales, smooth
+
+
+#: Rows `smoothed_int8` quantizes at a time (4.5 MB of float32 for 576 inputs).
+SMOOTH_ROWS = 2048
 
 
 @torch.library.custom_op("pardec::onednn_int8_mm", mutates_args=())

@@ -38,6 +38,21 @@ DTYPES = [torch.float32, torch.bfloat16]
 # ------------------------------------------------------------------ the layers
 
 
+def test_a_head_s_smoothed_codes_are_quantized_in_slices_with_each_row_s_own_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`smoothed_int8` works through a head a few rows at a time: the codes, scales and
+    smoothing are those of the whole-matrix definition, bit for bit, a ragged last slice
+    and a bfloat16 weight included."""
+    monkeypatch.setattr(quant, "SMOOTH_ROWS", 7)
+    torch.manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16):
+        weight = (torch.randn(40, 32) * torch.linspace(0.1, 3.0, 32)).to(dtype)  # columns of different ranges
+        w = weight.float()
+        smooth = w.abs().amax(dim=0).clamp(min=1e-12).sqrt()
+        rows = quant.Int8Linear.from_weight(w / smooth)
+        codes, scales, got_smooth = quant.smoothed_int8(weight)
+        assert torch.equal(got_smooth, smooth) and torch.equal(codes, rows.weight_int8) and torch.equal(scales, rows.scales)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("make", [Int8Linear.from_weight, Int4Linear.from_weight], ids=["int8", "int4"])
 def test_a_quantized_linear_multiplies_by_its_dequantized_weight(make, dtype) -> None:
