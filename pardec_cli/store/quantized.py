@@ -354,8 +354,13 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
     state: dict[str, torch.Tensor] = {}
     prepared: dict[str, nn.Module] = {}
     linears = {name for name, _ in decoder_linears(model)}  # not the embedding, nor the head
+    # The stored tensors by the weight they belong to: "a.b.weight.q4_codes" -> "a.b.weight".
+    by_weight: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in stored.items():
+        owner, _, part = key.rpartition(".")
+        by_weight.setdefault(owner, {})[part] = t
     for name, kind in layout.items():
-        parts = {key.rsplit(".", 1)[1]: t for key, t in stored.items() if key.rsplit(".", 1)[0] == name}
+        parts = by_weight.get(name, {})
         module_name = name.removesuffix(".weight")
         if own_widths and module_name in linears:
             layer = _own_width(kind, parts)
