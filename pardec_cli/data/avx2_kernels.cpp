@@ -991,18 +991,6 @@ inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) 
   }
 }
 
-// One step of R new tokens: ids [R] (int64), RoPE tables cos and sin [P, D] (rows by
-// position), positions [R] (each row's position, < P), mask [1, 1, R, W] (additive, over
-// the first W cache rows), the rows written at cache rows start..start+R-1 of every
-// layer's keys and values (`LlamaWeights::set_cache`; start + R <= W <= C). A chain (row r
-// after every cached row and the new rows before it: plain decoding, a drafted sequence)
-// may come as empty positions and mask and its `window` W: positions start + r, and the
-// mask `runner.step_mask` builds for it, here (a cold step's Python pays ~0.1 ms for its
-// torch calls after the weights' stream). Returns logits [R, V],
-// or with `logit_rows` > 0 those of the last logit_rows rows only (a prefill's chunk wants
-// one row's, and the head is the largest product: 28 MB for SmolLM2-135M's 49,152 words);
-// `states`, if given ([L + 1, R, E]), gets transformers' hidden states: the embeddings,
-// each layer's output but the last, the final norm's output.
 // Logits [n, V] of final-normed rows [n, E] (contiguous): the smoothing (on a copy), then
 // the head's product, as `quant.Int8F32Head` multiplies (or a float32 head's rows).
 at::Tensor head_logits(const LlamaWeights& w, const at::Tensor& normed) {
@@ -1021,6 +1009,19 @@ at::Tensor head_logits(const LlamaWeights& w, const at::Tensor& normed) {
   return q8q8_mm(in, w.codes, w.scales);
 }
 
+// One step of R new tokens: ids [R] (int64), RoPE tables cos and sin [P, D] (rows by
+// position), positions [R] (each row's position, < P), mask [1, 1, R, W] (additive, over
+// the first W cache rows), the rows written at cache rows start..start+R-1 of every
+// layer's keys and values (`LlamaWeights::set_cache`; start + R <= W <= C). A chain (row r
+// after every cached row and the new rows before it: plain decoding, a drafted sequence)
+// may come as empty positions and mask and its `window` W: positions start + r, and the
+// mask `runner.step_mask` builds for it, here (a cold step's Python pays ~0.1 ms for its
+// torch calls after the weights' stream). Returns logits [R, V],
+// or with `logit_rows` > 0 those of the last logit_rows rows only (a prefill's chunk wants
+// one row's, and the head is the largest product: 28 MB for SmolLM2-135M's 49,152 words),
+// or with `logit_rows` -1 the final-normed rows [R, E], for `llama_head` to finish;
+// `states`, if given ([L + 1, R, E]), gets transformers' hidden states: the embeddings,
+// each layer's output but the last, the final norm's output.
 at::Tensor llama_step(const c10::intrusive_ptr<LlamaWeights>& w, const at::Tensor& ids, const at::Tensor& cos, const at::Tensor& sin,
                       const at::Tensor& positions_in, const at::Tensor& mask_in, int64_t start, const std::optional<at::Tensor>& states,
                       int64_t logit_rows, int64_t window) {
