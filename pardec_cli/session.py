@@ -225,7 +225,7 @@ class Session:
     def load(
         cls, model_spec: str | None, *, dtype: str = "auto", device: str = "auto", offline: bool | None = None,
         progress: bool = False, compile: str = "off", expected_tokens: int | None = None,
-        notice: Callable[[str], None] | None = None, weights: str = "auto",
+        notice: Callable[[str], None] | None = None, weights: str = "auto", measuring: bool = False,
     ) -> Session:
         """Resolve `model_spec` (alias, Hub id, directory, None for the embedded model) and load it.
 
@@ -233,11 +233,13 @@ class Session:
         (`engine.runner`), "off" eagerly, "auto" compiled where it pays back: for
         `expected_tokens` (None: a long-lived session such as chat, serve, bench or tune)
         more than the runner's break-even on this device. `notice` receives the runner's
-        one-line messages (compiling, falling back to eager).
+        one-line messages (compiling, falling back to eager). `measuring` (bench, tune): where
+        pardec's AVX2 kernels are not built yet, build them and wait, rather than time the
+        eager step a first run takes meanwhile.
         """
         from pardec_cli.hardware import resolve_device, resolve_dtype
         from pardec_cli.store.embedded import embedded_pending
-        from pardec_cli.store.loading import NATIVE_BUILD_WAIT_S, load_model, native_auto, start_native_build
+        from pardec_cli.store.loading import NATIVE_BUILD_WAIT_S, load_model, native_auto, native_build_pending, start_native_build
         from pardec_cli.store.resolve import resolve_model
 
         if compile not in COMPILE_MODES:
@@ -248,6 +250,8 @@ class Session:
         # step's kernels build beside it and are waited for where the step this run would
         # take instead is eager float32 (no bfloat16 hardware), ten times slower.
         early = auto and device == "cpu" and model_spec is None and embedded_pending() and start_native_build()
+        if measuring and auto and device == "cpu" and not early:
+            early = native_build_pending()
         wait_s = NATIVE_BUILD_WAIT_S if early and resolve_dtype(dtype, device) == "float32" else 0.0
         # Imported after the build started: transformers' modules take seconds to import.
         from pardec_cli.engine.compile_policy import compile_pays

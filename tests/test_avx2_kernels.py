@@ -229,6 +229,38 @@ def test_a_first_run_builds_the_native_step_s_kernels_beside_the_conversion_and_
         assert events[:3] == ["build", "convert", "wait"] and session.runner == "native"
         assert (session.dtype, session.weights) == ("float32", "q4q8") and "waiting" in notices[0]
 
+def test_a_measurement_waits_for_the_native_step_s_kernels_a_gen_would_not_wait_for(
+    avx2_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """bench and tune load with `measuring`: where the AVX2 library is not built, its build
+    starts and the load waits for it (with a notice), so that they time the native step, not
+    the eager one a first `pardec gen` runs meanwhile (which starts the build and goes on)."""
+    from pardec_cli.home import kernels_dir
+    from pardec_cli.session import Session
+    from pardec_cli.store import resolve
+    from pardec_cli.store.gguf_import import import_gguf
+
+    monkeypatch.setenv("PARDEC_KERNELS", "1")
+    path = import_gguf(tiny_gguf, "tiny-q")
+    store = kernels.build_dir(kernels_dir(), kernels.avx2_library(cpu_info().flags))
+    events: list[str] = []
+    monkeypatch.setattr(kernels, "build_in_background", lambda directory: events.append("build") or directory == store)
+    monkeypatch.setattr(resolve, "resolve_model", lambda spec, **kwargs: resolve.ResolvedModel("tiny-q", path, "store"))
+
+    def wait(directory: Path, timeout_s: float, **kwargs: Any) -> bool:
+        events.append("wait")
+        built_in(directory, avx2_dir)
+        return True
+
+    monkeypatch.setattr(kernels, "wait_for_build", wait)
+    gen = Session.load("tiny-q", compile="off")
+    assert "wait" not in events and gen.runner != "native"  # started the build, went on
+    events.clear()
+    notices: list[str] = []
+    bench = Session.load("tiny-q", compile="auto", notice=notices.append, measuring=True)
+    assert events[:2] == ["build", "wait"] and bench.runner == "native" and "waiting" in notices[0]
+
+
 def built_in(directory: Path, avx2_dir: Path) -> None:
     """Make `directory` (a store's build directory of this CPU's library) hold the run's build."""
     directory.mkdir(parents=True)

@@ -163,7 +163,7 @@ def bench(prompts_path: Path | None, methods_text: str, limit_per_category: int 
         # display of its own (one live display at a time).
         with loading_status("loading model"):
             session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=True,
-                                   compile=compile, notice=compile_notice, weights=weights)
+                                   compile=compile, notice=compile_notice, weights=weights, measuring=True)
         baselines = make_baselines(baseline_names, session, choices)
         # The drafters benchmarked (draft[model=...]) are offered to auto, as gen's --draft-model is.
         drafters = [c.options["model"] for c in choices if c.name == "draft" and c.options.get("model")]

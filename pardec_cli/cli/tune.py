@@ -187,7 +187,7 @@ def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, p
     request = TuneRequest(profiles, budget * 60, max_tokens, prompts_file, methods, thorough=thorough)
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),
-                               compile=compile, notice=compile_notice, weights=weights)
+                               compile=compile, notice=compile_notice, weights=weights, measuring=True)
     view = ProgressView(budget * 60)
     tuner = Tuner(session, request, on_event=view.show)
     click.echo(f"pardec tune: {session.model_name} in {session.dtype} on {tuner.hardware.name}; "

@@ -457,6 +457,15 @@ def start_native_build() -> bool:
     return directory is not None and kernels.build_in_background(directory)
 
 
+def native_build_pending() -> bool:
+    """Whether pardec's AVX2 library for the native step is being built for this CPU: a
+    build running, or one started now where it is not built (`start_native_build`)."""
+    from pardec_cli import kernels
+
+    directory = _avx2_dir(blocks4=True)
+    return directory is not None and (kernels.build_in_background(directory) or kernels.status(directory) == "building")
+
+
 def _avx2_dir(*, blocks4: bool) -> Path | None:
     """The store's build directory of pardec's AVX2 library for this CPU, where float32
     layers go to it (`kernels.avx2_wanted`; `blocks4`: a model's 4-bit blocks with auto's
