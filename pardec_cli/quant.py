@@ -1074,7 +1074,7 @@ def smoothed_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
 
     In slices of `SMOOTH_ROWS` rows, each row's arithmetic `Int8Linear.from_weight`'s: a
     whole head's float32 temporaries (113 MB each for a 49k x 576 head) are fresh pages the
-    kernel zeroes, and made a load wait 0.4 s here, 0.1 s in slices (docs/runner.md)."""
+    kernel zeroes, and made a load wait 0.45 s here, 0.15-0.2 s in slices (docs/runner.md)."""
     w = weight.detach()  # [V, K]
     smooth = torch.zeros(w.shape[1], device=w.device)
     for first in range(0, w.shape[0], SMOOTH_ROWS):

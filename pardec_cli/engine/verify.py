@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -84,7 +84,7 @@ class HeadRows:
     def __init__(self, normed: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], tile: int) -> None:
         self._normed, self._head, self._tile = normed, head, max(1, tile)  # normed: [n, E] final-normed rows
         self._parts: dict[int, torch.Tensor] = {}  # first row (0 or tile) -> logits of its rows [rows, V]
-        self._tables: dict[int, Any] = {}  # first row -> numpy view of a float32 part
+        self._readers: dict[int, Callable[[int], int]] = {}  # first row -> its part's `greedy_reader`
 
     def __len__(self) -> int:
         return int(self._normed.shape[0])
@@ -107,52 +107,50 @@ class HeadRows:
         return logits[offset]
 
     def argmax(self, row: int) -> int:
-        """The greedy token of row `row` (numpy's argmax, as `greedy_token` takes)."""
+        """The greedy token of row `row` (as `greedy_reader` reads a tensor's rows)."""
         first, offset, logits = self._part_of(row)
-        if logits.dtype != torch.float32 or logits.device.type != "cpu":
-            return greedy_token(logits[offset])
-        table = self._tables.get(first)
-        if table is None:
-            table = self._tables[first] = logits.numpy()
-        return int(table[offset].argmax())
+        read = self._readers.get(first)
+        if read is None:
+            read = self._readers[first] = greedy_reader(logits, all_rows=False)
+        return read(offset)
 
     def computed(self) -> int:
         """How many rows' logits were computed so far."""
         return sum(int(part.shape[0]) for part in self._parts.values())
 
 
-def verify_greedy(draft: Draft, logits: torch.Tensor | HeadRows, *, all_rows: bool | None = None) -> Verdict:
-    """logits: [k+1, V] (or `HeadRows`) for the inputs [root, *draft.tokens]. `all_rows`:
-    take every row's argmax at once (None: off a CPU).
+def greedy_reader(logits: torch.Tensor, *, all_rows: bool | None = None) -> Callable[[int], int]:
+    """row -> the greedy token of that row of `logits` [n, V]. `all_rows`: take every row's
+    argmax at once (None: off a CPU).
 
-    On a CPU the argmax is taken only for the rows the walk visits (the kept path and the
-    bonus row): over a 49k vocabulary it costs ~0.01 ms per row (`greedy_token`), which a
-    tree of 32 nodes would otherwise pay for every node. On an accelerator it is one
-    kernel for every row and one transfer, where each visited row would wait for its own.
+    On a CPU the argmax is taken only for the rows read (a walk's kept path and bonus row):
+    over a 49k vocabulary it costs ~0.01 ms per row (`greedy_token`), which a tree of 32
+    nodes would otherwise pay for every node. On an accelerator it is one kernel for every
+    row and one transfer, where each row read would wait for its own.
     """
+    if all_rows is None:
+        all_rows = logits.device.type != "cpu"
+    if all_rows:
+        return logits.float().argmax(-1).tolist().__getitem__
+    # float32 on a CPU: numpy's view of every row, one torch call for the step rather than
+    # `greedy_token`'s four per row read (~40 us less per step with the caches flushed by
+    # the step's weights, docs/runner.md); numpy's argmax is what `greedy_token` takes too.
+    if logits.dtype == torch.float32 and logits.device.type == "cpu":
+        table = (logits.detach() if logits.requires_grad else logits).numpy()
+        return lambda row: int(table[row].argmax())
+    return lambda row: greedy_token(logits[row])
+
+
+def verify_greedy(draft: Draft, logits: torch.Tensor | HeadRows, *, all_rows: bool | None = None) -> Verdict:
+    """logits: [k+1, V] (or `HeadRows`) for the inputs [root, *draft.tokens]; each row's
+    greedy token is read as `greedy_reader` reads it (`all_rows` its option)."""
     tokens = draft.tokens
     children = children_by_row(draft.parents, len(tokens))
     path: list[int] = []
     row = 0
-    wants = table = None
-    if not isinstance(logits, HeadRows):
-        if all_rows is None:
-            all_rows = logits.device.type != "cpu"
-        wants = logits.float().argmax(-1).tolist() if all_rows else None
-        # float32 on a CPU: numpy's view of every row, one torch call for the step rather than
-        # `greedy_token`'s four per row visited (~40 us less per step with the caches flushed by
-        # the step's weights, docs/runner.md); numpy's argmax is what `greedy_token` takes too.
-        if wants is None and logits.dtype == torch.float32 and logits.device.type == "cpu":
-            table = (logits.detach() if logits.requires_grad else logits).numpy()
+    read = logits.argmax if isinstance(logits, HeadRows) else greedy_reader(logits, all_rows=all_rows)
     while True:
-        if isinstance(logits, HeadRows):
-            want = logits.argmax(row)
-        elif wants is not None:
-            want = wants[row]
-        elif table is not None:
-            want = int(table[row].argmax())
-        else:
-            want = greedy_token(logits[row])
+        want = read(row)
         for child in children[row]:
             if tokens[child] == want:
                 path.append(child)
