@@ -13,6 +13,7 @@ points every tensor at its copy (measured in docs/runner.md, "Weights on 2 MB pa
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import sys
 from pathlib import Path
@@ -110,7 +111,7 @@ def move_to_huge_pages(module: Any, *, skip: Iterable[Any] = (), chunk_bytes: in
             continue
         try:
             advised = _advised(sum(_aligned(st.nbytes()) for st, _ in chunk), madvise)
-        except (MemoryError, RuntimeError):  # no room for a copy: the rest stays where it is
+        except (MemoryError, OSError, RuntimeError):  # no room for a copy: the rest stays where it is
             advised = None
         if advised is None:
             return moved
@@ -129,11 +130,19 @@ def move_to_huge_pages(module: Any, *, skip: Iterable[Any] = (), chunk_bytes: in
 
 def _advised(nbytes: int, madvise: Any) -> tuple[Any, int] | None:
     """(raw, start): a uint8 tensor `raw` whose bytes from `start` on, at least `nbytes`,
-    begin on a 2 MB boundary and are advised for huge pages; None if ``madvise`` fails."""
+    begin on a 2 MB boundary and are advised for huge pages; None if ``madvise`` fails.
+
+    `raw` is a fresh anonymous mapping of its own (freed with the last tensor viewing it),
+    not malloc's: malloc serves a request below its mmap threshold, which it raises to
+    the largest block freed (up to 32 MB), from heap memory that earlier temporaries
+    touched, and pages already there stay 4 KB whatever is advised. A q8q8 load's
+    conversion left so much that its weights got 0-136 of 141 MB on huge pages."""
     import torch
 
     total = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
-    raw = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)  # room to start on a 2 MB boundary
+    # Private: a shared anonymous mapping is shmem, whose huge pages `shmem_enabled` rules.
+    region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # room to start on a 2 MB boundary
+    raw = torch.frombuffer(region, dtype=torch.uint8)  # holds `region` alive
     start = -raw.data_ptr() % HUGE_PAGE
     if madvise(ctypes.c_void_p(raw.data_ptr() + start), ctypes.c_size_t(total), _MADV_HUGEPAGE) != 0:
         return None
