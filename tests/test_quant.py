@@ -359,7 +359,7 @@ TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("!"), ord("!") + 
 
 
 def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: str = "Q4_1",
-                    types: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+                    types: dict[str, str] | None = None, alignment: int | None = None) -> dict[str, np.ndarray]:
     """A tiny llama GGUF (Q4_1 linears, or `linears` another GGUF type's name; `types` maps
     some of them, by GGUF name in the layer ("ffn_down", "attn_v"), to other types, as Q4_K_M
     files mix in Q6_K; Q8_0 embedding, F32 norms); returns
@@ -371,6 +371,8 @@ def write_tiny_gguf(path: Path, *, hidden: int = 64, layers: int = 2, linears: s
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny")
+    if alignment is not None:  # the data's alignment (general.alignment), 32 when not given
+        writer.add_custom_alignment(alignment)
     writer.add_context_length(256)
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
@@ -562,6 +564,34 @@ def test_gguf_names_are_transformers_own_map(tiny_gguf: Path) -> None:
     assert ours["blk.1.attn_q.weight"] == "model.layers.1.self_attn.q_proj.weight"
     with pytest.raises(ModelLoadError, match="'foonet'"):
         gguf_hf_names(skeleton, "foonet", config.num_hidden_layers)
+
+
+@pytest.mark.parametrize(("types", "alignment"), [(None, None), ({"ffn_down": "Q6_K", "attn_v": "Q4_K"}, 64)],
+                         ids=["q4_1", "k-quants-aligned-64"])  # fmt: skip
+def test_gguf_tensors_are_gguf_s_own_reader_s_without_its_metadata_parse(tmp_path: Path, types, alignment) -> None:
+    """`read_gguf_tensors` skips the metadata that gguf's GGUFReader parses value by value
+    (seconds for a real vocabulary): the same names, types, shapes and bytes, and the
+    architecture, whatever the data's alignment; a file cut short is one clear error."""
+    from gguf import GGUFReader
+
+    from pardec_cli.store.gguf_import import read_gguf_tensors
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, hidden=256, types=types, alignment=alignment)
+    architecture, tensors = read_gguf_tensors(path)
+    reader = GGUFReader(str(path))
+    assert architecture == "llama" and len(tensors) == len(reader.tensors) > 10
+    for ours, theirs in zip(tensors, reader.tensors):
+        assert (ours.name, ours.tensor_type, ours.data.shape, ours.data.dtype) == \
+            (theirs.name, theirs.tensor_type, theirs.data.shape, theirs.data.dtype)
+        assert np.array_equal(ours.data, theirs.data)
+    data = path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:-1000])
+    with pytest.raises(ModelLoadError, match="ends past the file's end"):
+        read_gguf_tensors(tmp_path / "cut.gguf")
+    (tmp_path / "header.gguf").write_bytes(data[:300])
+    with pytest.raises(ModelLoadError, match="not a valid GGUF file"):
+        read_gguf_tensors(tmp_path / "header.gguf")
 
 
 def test_int4_from_kept_codes_equals_the_dequantized_weights(tiny_gguf: Path) -> None:

@@ -165,22 +165,24 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
     """Write `gguf_path` into `out_dir` with its quantized blocks kept; False when the file's
     architecture needs transformers' dense conversion instead (nothing is written then).
 
-    Config and tokenizer come from transformers' GGUF reader (metadata only); tensor
-    names from its GGUF -> Hugging Face name map; the rows of attention weights are
+    Config and tokenizer come from transformers' GGUF reader (metadata only), the tensors
+    from `gguf_import.read_gguf_tensors`; tensor names from transformers' GGUF -> Hugging
+    Face name map; the rows of attention weights are
     un-permuted by transformers' own tensor processor, applied to codes and scales.
     `report` hears the stages: reading the file, converting tensors (counted), writing.
     """
     import numpy as np
     import torch
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    from pardec_cli.store.gguf_import import read_gguf_tensors
 
     report = report or _no_report
     report(f"reading {gguf_path.name}", 0, None)
-    reader = GGUFReader(str(gguf_path))
-    architecture = read_field(reader, "general.architecture")[0]
+    architecture, gguf_tensors = read_gguf_tensors(gguf_path)
     processor_class = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
     if processor_class.__name__ not in _ROW_SAFE_PROCESSORS:
         return False
@@ -196,8 +198,8 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
 
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, str] = {}
-    for done, tensor in enumerate(reader.tensors, start=1):
-        report("converting tensors", done - 1, len(reader.tensors))
+    for done, tensor in enumerate(gguf_tensors, start=1):
+        report("converting tensors", done - 1, len(gguf_tensors))
         hf_name = names.get(tensor.name)
         if hf_name is None or hf_name not in wanted:
             continue  # e.g. rope_freqs: computed by the model itself
