@@ -445,6 +445,47 @@ def test_import_keeps_q4_and_q8_blocks_and_stays_small(tiny_gguf: Path) -> None:
     assert (path / "pardec-quant.safetensors").stat().st_size <= 1.3 * tensor_bytes
 
 
+def test_a_store_of_format_1_with_4_bit_codes_loads_as_one_of_records(tiny_gguf: Path, tmp_path: Path) -> None:
+    """The store keeps 4-bit weights as the records the kernels read (format 2: no packing
+    at each load); a store written before, with codes, scales and minimums (format 1),
+    loads to the same tensors, dequantized or as records."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    from pardec_cli.quant import Int4Records, unpack_records
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.quantized import load_quantized_dir
+
+    new = import_gguf(tiny_gguf, "tiny-q")
+    stored = load_file(str(new / "pardec-quant.safetensors"))
+    assert "model.layers.0.self_attn.q_proj.weight.q4_records" in stored
+    assert not any(key.endswith(".q4_codes") for key in stored)  # every tiny Q4 layer is whole records
+    assert json.loads((new / "pardec-quant.json").read_text())["format"] == 2
+    old = tmp_path / "old"
+    shutil.copytree(new, old)
+    as_codes: dict[str, torch.Tensor] = {}
+    for key, t in stored.items():
+        if not key.endswith(".q4_records"):
+            as_codes[key] = t
+            continue
+        name = key.removesuffix(".q4_records")
+        q, scale, minimum = unpack_records(t, t.shape[0] * 16, t.shape[1] * 32)
+        as_codes[f"{name}.q4_codes"] = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+        as_codes[f"{name}.q4_scale"], as_codes[f"{name}.q4_min"] = scale.half(), minimum.half()
+    save_file(as_codes, str(old / "pardec-quant.safetensors"))
+    meta = json.loads((old / "pardec-quant.json").read_text())
+    (old / "pardec-quant.json").write_text(json.dumps({**meta, "format": 1}))
+    config = AutoConfig.from_pretrained(str(new))
+    for kw in ({"weights": "full"}, {"weights": "int4", "records": "float32", "own_widths": True}):
+        a, b = (load_quantized_dir(d, config, dtype=torch.float32, device="cpu", **kw) for d in (new, old))
+        layer = a.model.layers[0].self_attn.q_proj
+        assert isinstance(layer, Int4Records) if kw["weights"] == "int4" else isinstance(layer, nn.Linear)
+        sa, sb = a.state_dict(), b.state_dict()
+        assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 def test_pardec_import_says_the_blocks_were_kept(tiny_gguf: Path) -> None:
     result = invoke(["import", str(tiny_gguf), "--name", "tiny-said", "-q"])
     assert result.exit_code == 0, result.stderr

@@ -7,10 +7,15 @@ weights and says so, rather than filling the missing tensors at random). For eac
 tensor that was Q4_0, Q4_1, Q4_K or Q8_0 in the GGUF file the safetensors file holds, under
 the Hugging Face parameter name, in blocks of 32 along the input dimension:
 
-- Q4 (Q4_0, Q4_1, Q4_K): ``<name>.q4_codes`` uint8 [N, K/2], two 4-bit codes a byte (column
-  2i in the low nibble, 2i+1 in the high), ``<name>.q4_scale`` and ``<name>.q4_min``
-  float16 [N, K/32]; w = q * scale + min (Q4_0's w = (q - 8) * d is min = -8 d, exact
-  in float16; Q4_K's scales and mins are rounded to float16: `_q4_k_blocks`).
+- Q4 (Q4_0, Q4_1, Q4_K): ``<name>.q4_records`` uint8 [N/16, K/32, 320], the codes with
+  their float16 scales and minimums already in the layout pardec's 4-bit kernels read
+  (`quant.pack_records`; a load used to pack them, 0.3-0.5 s for the embedded model), where
+  the kernels take the shape (N a multiple of 16, float16 scales that are no subnormals);
+  otherwise ``<name>.q4_codes`` uint8 [N, K/2], two 4-bit codes a byte (column 2i in the low
+  nibble, 2i+1 in the high), ``<name>.q4_scale`` and ``<name>.q4_min`` float16 [N, K/32].
+  Either way w = q * scale + min (Q4_0's w = (q - 8) * d is min = -8 d, exact in float16;
+  Q4_K's scales and mins are rounded to float16: `_q4_k_blocks`). Format 1 (before
+  2026-11-29) stored codes only; it loads as before.
 - Q8_0: ``<name>.q8_codes`` int8 [N, K], ``<name>.q8_scale`` float16 [N, K/32]; w = q * scale.
 
 A tensor of another quantized type (Q5_0, Q5_K, Q6_K, Q2_K, ...: no kernel of pardec's
@@ -18,7 +23,7 @@ multiplies it) keeps the file's own blocks, ``<name>.gguf_blocks`` uint8 [N, byt
 row], kind ``"gguf:TYPE"``, and is dequantized by gguf at load (exactly as a dense
 conversion would have, into float32). Every other tensor (F32, F16, BF16) is stored dense
 (float32) under its own name. ``pardec-quant.json`` lists the kept tensors:
-``{"format": 1, "block": 32, "tensors": {name: "q4"|"q8"|"gguf:TYPE"}}``. The stored model
+``{"format": 2, "block": 32, "tensors": {name: "q4"|"q8"|"gguf:TYPE"}}``. The stored model
 takes about the GGUF file's size instead of 4 bytes per parameter.
 """
 
@@ -40,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
 QUANT_FILE = "pardec-quant.json"
 WEIGHTS_FILE = "pardec-quant.safetensors"
 BLOCK = 32
+RECORD_BLOCK = 16  # outputs per 4-bit record (`quant.RECORD_BLOCK`; quant imports torch)
 #: The kind of a tensor kept in the file's own blocks: "gguf:" and ggml's type name.
 GGUF_KIND = "gguf:"
 # Architectures whose transformers tensor processor only permutes rows of a weight
@@ -86,6 +92,9 @@ def _kept_weights(path: Path) -> dict[str, int]:
                 rows, row_bytes = stored.get_slice(f"{name}.gguf_blocks").get_shape()
                 block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind.removeprefix(GGUF_KIND)]]
                 weights = rows * row_bytes // size * block
+            elif f"{name}.q4_records" in stored.keys():
+                blocks, groups, _ = stored.get_slice(f"{name}.q4_records").get_shape()
+                weights = blocks * RECORD_BLOCK * groups * BLOCK
             else:
                 rows, columns = stored.get_slice(f"{name}.{kind}_codes").get_shape()
                 weights = rows * columns * (2 if kind == "q4" else 1)
@@ -210,19 +219,41 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
             continue
         kind, parts = split
         layout[hf_name] = kind
-        for suffix, array in parts.items():
-            # Row un-permutation of q/k weights: the same for codes and their scales.
-            array = processor.process(weights=array, name=tensor.name).weights
-            tensors[f"{hf_name}.{suffix}"] = torch.from_numpy(np.ascontiguousarray(array))
+        # Row un-permutation of q/k weights: the same for codes and their scales.
+        stored = {suffix: torch.from_numpy(np.ascontiguousarray(processor.process(weights=array, name=tensor.name).weights))
+                  for suffix, array in parts.items()}  # fmt: skip
+        if kind == "q4":
+            stored = _as_records(stored)
+        tensors.update({f"{hf_name}.{suffix}": t for suffix, t in stored.items()})
     report("writing the model", 0, None)
     save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
-    (out_dir / QUANT_FILE).write_text(json.dumps({"format": 1, "block": BLOCK, "tensors": layout}, indent=1))
+    (out_dir / QUANT_FILE).write_text(json.dumps({"format": 2, "block": BLOCK, "tensors": layout}, indent=1))
     config._name_or_path = source_repo or gguf_path.stem
     config.dtype = "float32"
     config.save_pretrained(str(out_dir))
     GenerationConfig.from_model_config(config).save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return True
+
+
+def _as_records(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stored Q4 parts (codes, scale, min) as ``q4_records`` where pardec's 4-bit kernels
+    take the shape (`quant.Int4Records.from_codes`), else as they are."""
+    from pardec_cli.quant import Int4Records
+
+    layer = Int4Records.from_codes(unpack_q4(parts["q4_codes"]), parts["q4_scale"], parts["q4_min"], activations="float32")
+    return parts if layer is None else {"q4_records": layer.blocks}
+
+
+def q4_codes(parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes uint8 [N, K] 0..15, scale [N, K/32], minimum [N, K/32]) of a stored Q4 weight,
+    from its records or its codes (the scales float16 or their exact float32)."""
+    if "q4_records" in parts:
+        from pardec_cli.quant import unpack_records
+
+        blocks, groups, _ = parts["q4_records"].shape
+        return unpack_records(parts["q4_records"], blocks * RECORD_BLOCK, groups * BLOCK)
+    return unpack_q4(parts["q4_codes"]), parts["q4_scale"], parts["q4_min"]
 
 
 def gguf_hf_names(skeleton: nn.Module, architecture: str, layers: int) -> dict[str, str]:
@@ -296,17 +327,30 @@ def dequantize_stored(kind: str, parts: dict[str, torch.Tensor]) -> torch.Tensor
         return torch.from_numpy(dequantize(parts["gguf_blocks"].numpy(), kind_type))
     if kind == "q8":
         return parts["q8_codes"].float() * _repeat_blocks(parts["q8_scale"])
-    return unpack_q4(parts["q4_codes"]).float() * _repeat_blocks(parts["q4_scale"]) + _repeat_blocks(parts["q4_min"])
+    codes, scale, minimum = q4_codes(parts)
+    return codes.float() * _repeat_blocks(scale) + _repeat_blocks(minimum)
+
+
+def _q4_records(parts: dict[str, torch.Tensor], activations: str) -> nn.Module | None:
+    """A stored Q4 weight as `quant.Int4Records` multiplying `activations`: its stored
+    records as they are, or packed from its codes; None where the kernels cannot take it."""
+    from pardec_cli.quant import Int4Records
+
+    if "q4_records" not in parts:
+        return Int4Records.from_codes(*q4_codes(parts), activations=activations)
+    blocks, groups, _ = parts["q4_records"].shape
+    return Int4Records(parts["q4_records"], in_features=groups * BLOCK, out_features=blocks * RECORD_BLOCK, bias=None,
+                       activations=activations)  # fmt: skip
 
 
 def _own_width(kind: str, parts: dict[str, torch.Tensor]) -> nn.Module | None:
     """A kept layer on pardec's AVX2 library in its own width: 4-bit codes as q4q8 records,
     Q8_0 blocks as they are, any other type in Q8_0 groups; None where the kernels cannot
     take its shape."""
-    from pardec_cli.quant import Int4Records, Q8Records
+    from pardec_cli.quant import Q8Records
 
     if kind == "q4":
-        return Int4Records.from_codes(unpack_q4(parts["q4_codes"]), parts["q4_scale"], parts["q4_min"], activations="float32")
+        return _q4_records(parts, "float32")
     if kind == "q8":
         return Q8Records.from_codes(parts["q8_codes"], parts["q8_scale"])
     return Q8Records.from_weight(dequantize_stored(kind, parts))
@@ -333,7 +377,7 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from pardec_cli.quant import Int4Linear, Int4Records, Q8Records, decoder_linears, quantize_linears
+    from pardec_cli.quant import Int4Linear, Q8Records, decoder_linears, quantize_linears
 
     try:
         layout = json.loads((Path(path) / QUANT_FILE).read_text("utf-8"))["tensors"]
@@ -370,10 +414,11 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
                 prepared[module_name] = layer
                 continue
         if weights == "int4" and kind == "q4" and module_name != "lm_head":
-            codes = unpack_q4(parts["q4_codes"]).to(device)
-            scale, minimum = parts["q4_scale"].to(device), parts["q4_min"].to(device)
-            layer = None if records is None else Int4Records.from_codes(codes, scale, minimum, activations=records)
-            prepared[module_name] = layer or Int4Linear.from_codes(codes, scale, minimum, group_size=BLOCK, dtype=dtype)
+            layer = None if records is None or str(device).split(":")[0] != "cpu" else _q4_records(parts, records)
+            if layer is None:
+                codes, scale, minimum = (t.to(device) for t in q4_codes(parts))
+                layer = Int4Linear.from_codes(codes, scale, minimum, group_size=BLOCK, dtype=dtype)
+            prepared[module_name] = layer
             continue
         if weights == "q8q8" and kind == "q8" and module_name in linears:
             q8 = Q8Records.from_codes(parts["q8_codes"], parts["q8_scale"])
