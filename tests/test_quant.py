@@ -635,6 +635,26 @@ def test_gguf_tensors_are_gguf_s_own_reader_s_without_its_metadata_parse(tmp_pat
         read_gguf_tensors(tmp_path / "header.gguf")
 
 
+def test_a_big_endian_gguf_s_tensors_come_from_gguf_s_own_reader(tmp_path: Path) -> None:
+    """`read_gguf_tensors` reads little-endian files itself; a file written for the other
+    byte order goes to gguf's GGUFReader, which swaps it."""
+    import gguf
+
+    from pardec_cli.store.gguf_import import read_gguf_tensors
+
+    writer = gguf.GGUFWriter(str(tmp_path / "be.gguf"), "llama", endianess=gguf.GGUFEndian.BIG)
+    writer.add_block_count(1)
+    weight = np.arange(64, dtype=np.float32).reshape(2, 32)
+    writer.add_tensor("blk.0.attn_norm.weight", weight)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    architecture, tensors = read_gguf_tensors(tmp_path / "be.gguf")
+    assert architecture == "llama" and [t.name for t in tensors] == ["blk.0.attn_norm.weight"]
+    assert np.array_equal(tensors[0].data, weight)
+
+
 def test_int4_from_kept_codes_equals_the_dequantized_weights(tiny_gguf: Path) -> None:
     from pardec_cli.store.gguf_import import import_gguf
     from pardec_cli.store.loading import load_model
