@@ -486,6 +486,25 @@ def test_a_store_of_format_1_with_4_bit_codes_loads_as_one_of_records(tiny_gguf:
         assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_4_bit_weights_the_kernels_cannot_take_are_stored_as_codes() -> None:
+    """Records hold 16 outputs: a Q4 weight of 40 rows (or with a float16 scale the kernels
+    refuse) keeps codes, scales and minimums, and both forms dequantize alike."""
+    from pardec_cli.store.quantized import _as_records, dequantize_stored
+
+    rng = np.random.default_rng(1)
+    for rows, subnormal in ((40, False), (48, False), (48, True)):
+        codes = torch.from_numpy(rng.integers(0, 256, (rows, 32), dtype=np.uint8))  # [N, K/2]: K = 64
+        scale = torch.from_numpy(rng.uniform(0.001, 0.01, (rows, 2)).astype(np.float16))
+        if subnormal:
+            scale[3, 1] = 1e-6  # below float16's smallest normal (6.1e-5)
+        minimum = torch.from_numpy(rng.uniform(-0.05, 0.0, (rows, 2)).astype(np.float16))
+        parts = {"q4_codes": codes, "q4_scale": scale, "q4_min": minimum}
+        stored = _as_records(parts)
+        records = rows % 16 == 0 and not subnormal
+        assert list(stored) == (["q4_records"] if records else ["q4_codes", "q4_scale", "q4_min"])
+        assert torch.equal(dequantize_stored("q4", stored), dequantize_stored("q4", parts))
+
+
 def test_pardec_import_says_the_blocks_were_kept(tiny_gguf: Path) -> None:
     result = invoke(["import", str(tiny_gguf), "--name", "tiny-said", "-q"])
     assert result.exit_code == 0, result.stderr
