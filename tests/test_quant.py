@@ -654,24 +654,24 @@ def test_gguf_tensors_are_gguf_s_own_reader_s_without_its_metadata_parse(tmp_pat
         read_gguf_tensors(tmp_path / "header.gguf")
 
 
-def test_a_big_endian_gguf_s_tensors_come_from_gguf_s_own_reader(tmp_path: Path) -> None:
-    """`read_gguf_tensors` reads little-endian files itself; a file written for the other
-    byte order goes to gguf's GGUFReader, which swaps it."""
+def test_a_big_endian_gguf_is_one_clear_error(tmp_path: Path) -> None:
+    """Both header readers (`gguf_architecture`, which `pardec import` asks first, and
+    `read_gguf_tensors`) say a file written for the other byte order is one they do not
+    read, rather than misreading its counts ("implausible string length" before)."""
     import gguf
 
-    from pardec_cli.store.gguf_import import read_gguf_tensors
+    from pardec_cli.store.gguf_import import gguf_architecture, read_gguf_tensors
 
     writer = gguf.GGUFWriter(str(tmp_path / "be.gguf"), "llama", endianess=gguf.GGUFEndian.BIG)
     writer.add_block_count(1)
-    weight = np.arange(64, dtype=np.float32).reshape(2, 32)
-    writer.add_tensor("blk.0.attn_norm.weight", weight)
+    writer.add_tensor("blk.0.attn_norm.weight", np.arange(64, dtype=np.float32).reshape(2, 32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    architecture, tensors = read_gguf_tensors(tmp_path / "be.gguf")
-    assert architecture == "llama" and [t.name for t in tensors] == ["blk.0.attn_norm.weight"]
-    assert np.array_equal(tensors[0].data, weight)
+    for read in (gguf_architecture, read_gguf_tensors):
+        with pytest.raises(ModelLoadError, match="written for big-endian machines; pardec reads little-endian"):
+            read(tmp_path / "be.gguf")
 
 
 def test_int4_from_kept_codes_equals_the_dequantized_weights(tiny_gguf: Path) -> None:

@@ -78,6 +78,21 @@ def _skip_value(f: BinaryIO, vtype: int) -> None:
         raise _BadGGUF(f"unknown metadata type {vtype}")
 
 
+def _counts(f: BinaryIO, path: Path) -> tuple[int, int]:
+    """(tensor count, metadata count) of the GGUF file open at its start as `f`, past its
+    magic and version: a file that is no GGUF is a `ModelLoadError`, one too old or written
+    for the other byte order a `_BadGGUF`."""
+    if f.read(4) != GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file (it does not start with 'GGUF')",
+                             hint="pass a .gguf file as written by llama.cpp")  # fmt: skip
+    version = struct.unpack("<I", _read(f, 4))[0]
+    if version & 0xFFFF == 0:  # a small version number read in the other byte order
+        raise _BadGGUF("it was written for big-endian machines; pardec reads little-endian ones (llama.cpp's default)")
+    if version < 2:
+        raise _BadGGUF(f"GGUF version {version} is too old")
+    return _u64(f), _u64(f)
+
+
 def gguf_architecture(path: Path) -> str:
     """``general.architecture`` from a GGUF file's header (for example "llama").
 
@@ -85,16 +100,8 @@ def gguf_architecture(path: Path) -> str:
     """
     try:
         with open(path, "rb") as f:
-            if f.read(4) != GGUF_MAGIC:
-                raise ModelLoadError(
-                    f"{path} is not a GGUF file (it does not start with 'GGUF')",
-                    hint="pass a .gguf file as written by llama.cpp",
-                )
-            version = struct.unpack("<I", _read(f, 4))[0]
-            if version < 2:
-                raise _BadGGUF(f"GGUF version {version} is too old")
-            _u64(f)  # tensor count
-            for _ in range(_u64(f)):
+            _, kv_count = _counts(f, path)
+            for _ in range(kv_count):
                 key = _string(f)
                 vtype = struct.unpack("<I", _read(f, 4))[0]
                 if key == b"general.architecture" and vtype == _STRING:
@@ -119,13 +126,12 @@ class GGUFTensor:
 
 
 def read_gguf_tensors(path: Path) -> tuple[str, list[GGUFTensor]]:
-    """(``general.architecture``, every tensor) of a little-endian GGUF file, the metadata
+    """(``general.architecture``, every tensor) of a (little-endian) GGUF file, the metadata
     skipped rather than parsed: gguf's ``GGUFReader`` makes a numpy view of every value
     (4.2-4.5 s for the embedded model's 49,152-token vocabulary and merges), and a
-    conversion reads the vocabulary twice through transformers already. Falls back to
-    ``GGUFReader`` for a byte-swapped file."""
+    conversion reads the vocabulary twice through transformers already."""
     import numpy as np
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import quant_shape_to_byte_shape
 
     dense = {GGMLQuantizationType.F16: np.float16, GGMLQuantizationType.F32: np.float32,
@@ -135,14 +141,7 @@ def read_gguf_tensors(path: Path) -> tuple[str, list[GGUFTensor]]:
     architecture, alignment, infos = None, 32, []
     try:
         with open(path, "rb") as f:
-            if f.read(4) != GGUF_MAGIC:
-                raise _BadGGUF("it does not start with 'GGUF'")
-            version = struct.unpack("<I", _read(f, 4))[0]
-            if version & 0xFFFF == 0:  # written for the other byte order: gguf swaps it
-                reader = GGUFReader(str(path))
-                arch = bytes(reader.fields["general.architecture"].parts[-1]).decode("utf-8")
-                return arch, [GGUFTensor(t.name, t.tensor_type, t.data) for t in reader.tensors]
-            tensor_count, kv_count = _u64(f), _u64(f)
+            tensor_count, kv_count = _counts(f, path)
             for _ in range(kv_count):
                 key = _string(f)
                 vtype = struct.unpack("<I", _read(f, 4))[0]
