@@ -18,30 +18,29 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux") or thp_setting()
                            reason="transparent huge pages are Linux's")  # fmt: skip
 
 
-def advised(t: torch.Tensor) -> bool:
-    """Whether `t`'s memory lies in a mapping advised for huge pages ("hg" in its VmFlags)."""
+def mapping_field(t: torch.Tensor, field: str) -> list[str]:
+    """The words after `field` ("VmFlags", "AnonHugePages", ...) in /proc/self/smaps for the
+    mapping holding `t`'s memory; [] where there is none."""
     ptr, inside = t.data_ptr(), False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split(" ", 1)[0]
         if "-" in head and not head.endswith(":"):
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo <= ptr < hi
-        elif inside and line.startswith("VmFlags:"):
-            return "hg" in line.split()[1:]
-    return False
+        elif inside and head == f"{field}:":
+            return line.split()[1:]
+    return []
+
+
+def advised(t: torch.Tensor) -> bool:
+    """Whether `t`'s memory lies in a mapping advised for huge pages ("hg" in its VmFlags)."""
+    return "hg" in mapping_field(t, "VmFlags")
 
 
 def huge_bytes(t: torch.Tensor) -> int:
     """The bytes on huge pages ("AnonHugePages") of the mapping holding `t`'s memory."""
-    ptr, inside = t.data_ptr(), False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(" ", 1)[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= ptr < hi
-        elif inside and line.startswith("AnonHugePages:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    words = mapping_field(t, "AnonHugePages")
+    return int(words[0]) * 1024 if words else 0
 
 
 def kernel_grants_huge_pages() -> bool:
@@ -53,7 +52,7 @@ def kernel_grants_huge_pages() -> bool:
     region = mmap.mmap(-1, 3 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     raw = torch.frombuffer(region, dtype=torch.uint8)
     start = -raw.data_ptr() % HUGE_PAGE
-    if hugepages._madvise()(ctypes.c_void_p(raw.data_ptr() + start), ctypes.c_size_t(HUGE_PAGE), 14) != 0:
+    if hugepages._madvise()(ctypes.c_void_p(raw.data_ptr() + start), ctypes.c_size_t(HUGE_PAGE), hugepages._MADV_HUGEPAGE) != 0:
         return False
     raw[start:start + HUGE_PAGE].fill_(1)
     return huge_bytes(raw[start:]) > 0
