@@ -461,9 +461,47 @@ void q8_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t K, in
   }
 #else
   (void)cx;
+  const __m256i ones = _mm256_set1_epi16(1);
+  // The sums of half h (outputs 8h..8h+7) of record `rec` by codes x0, x1 (4 each, broadcast)
+  // for code chunks p and p + 1, added to s0 and s1: |q| by x with q's sign.
+  auto add_pair = [&](const int8_t* rec, int half, int p, __m256i x0, __m256i x1, __m256i& s0, __m256i& s1) __attribute__((always_inline)) {
+    const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * half + 64 * p));
+    const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * half + 64 * p + 64));
+    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q0), _mm256_sign_epi8(x0, q0)), ones));
+    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q1), _mm256_sign_epi8(x1, q1)), ones));
+  };
+  if constexpr (R == 1) {
+    // One row (every decoding step's head): both halves of a record in one pass, each cache
+    // line used whole as it arrives; the same sums in the same order as the two passes below
+    // (the same bits), and one-token steps 2-3% faster (docs/runner.md, "The head's one row").
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0; g < G; ++g) {
+      const int8_t* rec = w + g * kHeadRecord;
+      for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + ahead * kHeadRecord + line), _MM_HINT_T1);
+      if constexpr (Groups) _mm_prefetch(reinterpret_cast<const char*>(ws + (g + ahead) * kBlock), _MM_HINT_T1);
+      const int8_t* x = qx + g * kGroup;
+      __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}, {_mm256_setzero_si256(), _mm256_setzero_si256()}};
+      for (int p = 0; p < 8; p += 2) {
+        const __m256i x0 = _mm256_set1_epi32(four_codes(x + 4 * p)), x1 = _mm256_set1_epi32(four_codes(x + 4 * p + 4));
+        add_pair(rec, 0, p, x0, x1, s[0][0], s[0][1]);
+        add_pair(rec, 1, p, x0, x1, s[1][0], s[1][1]);
+      }
+      const __m256 dxr = _mm256_set1_ps(dx[g]);
+      for (int half = 0; half < 2; ++half) {
+        __m256 step = dxr;
+        if constexpr (Groups) {
+          step = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * kBlock + 8 * half))), dxr);
+        }
+        acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s[half][0], s[half][1])), step, acc[half]);
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      _mm256_storeu_ps(out + 8 * half, Groups ? acc[half] : _mm256_mul_ps(acc[half], _mm256_loadu_ps(scale + 8 * half)));
+    }
+    return;
+  }
   // Each half of the block (8 outputs) in a pass of its own: its |q| (8 registers) and the
   // rows' sums stay in the 16 ymm registers.
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int half = 0; half < 2; ++half) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();

@@ -95,40 +95,49 @@ def _scales(m: Any, shared: bool = False) -> torch.Tensor:
 NO_HEAD = -1
 
 
+def weight_args(model: Any) -> tuple[Any, ...]:
+    """``LlamaWeights``' constructor arguments for `model` (check `native_reason` first):
+    the layers' norms and products, their q8q8 scales, the embeddings, the final norm, the
+    head, the layers' cache slots, the shapes, the norms' epsilon and attention's scaling."""
+    decoder = model.model
+    tensors: list[torch.Tensor] = []
+    # Per product (q/k/v, o, gate/up, down) a q8q8 one's scales, or nothing for q4q8
+    # records (which hold their own): a GGUF file may mix the two kinds.
+    scales: list[torch.Tensor] = []
+    none = torch.empty(0)
+    for layer in decoder.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        tensors += [layer.input_layernorm.weight.detach(), attn.q_proj.shared_blocks, attn.o_proj.blocks,
+                    layer.post_attention_layernorm.weight.detach(), mlp.gate_proj.shared_blocks, mlp.down_proj.blocks]
+        scales += [_scales(attn.q_proj, shared=True), _scales(attn.o_proj), _scales(mlp.gate_proj, shared=True), _scales(mlp.down_proj)]
+    if not any(t.numel() for t in scales):  # all q4q8: no scales at all
+        scales = []
+    first = decoder.layers[0]
+    attn = first.self_attn
+    head_dim = int(attn.head_dim)
+    heads = attn.q_proj.out_features // head_dim
+    kv_heads = attn.k_proj.out_features // head_dim
+    head = model.get_output_embeddings()
+    # The head: int8 codes with their scales and smoothing (`quant.smoothed_int8`), or float32 rows.
+    smooth, codes, head_scales = (head.smooth, head.codes, head.scales) if isinstance(head, Int8F32Head) else (none, head.weight.detach(), none)
+    return (
+        [t.contiguous() for t in tensors], [t.contiguous() for t in scales], decoder.embed_tokens.weight.detach().contiguous(),
+        decoder.norm.weight.detach().contiguous(), smooth, codes.contiguous(), head_scales, [int(layer.self_attn.layer_idx) for layer in decoder.layers],
+        [heads, kv_heads, head_dim, int(first.mlp.down_proj.in_features)], float(first.input_layernorm.variance_epsilon),
+        float(attn.scaling),
+    )
+
+
 class NativeStep:
     """`model`'s steps through ``pardec_avx2::llama_step`` (check `native_reason` first)."""
 
     def __init__(self, model: Any) -> None:
         decoder = model.model
-        tensors: list[torch.Tensor] = []
-        # Per product (q/k/v, o, gate/up, down) a q8q8 one's scales, or nothing for q4q8
-        # records (which hold their own): a GGUF file may mix the two kinds.
-        scales: list[torch.Tensor] = []
-        none = torch.empty(0)
-        for layer in decoder.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            tensors += [layer.input_layernorm.weight.detach(), attn.q_proj.shared_blocks, attn.o_proj.blocks,
-                        layer.post_attention_layernorm.weight.detach(), mlp.gate_proj.shared_blocks, mlp.down_proj.blocks]
-            scales += [_scales(attn.q_proj, shared=True), _scales(attn.o_proj), _scales(mlp.gate_proj, shared=True), _scales(mlp.down_proj)]
-        if not any(t.numel() for t in scales):  # all q4q8: no scales at all
-            scales = []
-        first = decoder.layers[0]
-        attn = first.self_attn
-        head_dim = int(attn.head_dim)
-        heads = attn.q_proj.out_features // head_dim
-        kv_heads = attn.k_proj.out_features // head_dim
-        head = model.get_output_embeddings()
-        # The head: int8 codes with their scales and smoothing (`quant.smoothed_int8`), or float32 rows.
-        smooth, codes, head_scales = (head.smooth, head.codes, head.scales) if isinstance(head, Int8F32Head) else (none, head.weight.detach(), none)
-        self.weights = torch.classes.pardec_avx2.LlamaWeights(
-            [t.contiguous() for t in tensors], [t.contiguous() for t in scales], decoder.embed_tokens.weight.detach().contiguous(),
-            decoder.norm.weight.detach().contiguous(), smooth, codes.contiguous(), head_scales, [int(layer.self_attn.layer_idx) for layer in decoder.layers],
-            [heads, kv_heads, head_dim, int(first.mlp.down_proj.in_features)], float(first.input_layernorm.variance_epsilon),
-            float(attn.scaling),
-        )
+        self.weights = torch.classes.pardec_avx2.LlamaWeights(*weight_args(model))
         self.layers = len(decoder.layers)
         self.hidden_size = int(decoder.embed_tokens.weight.shape[1])
         self._rotary = decoder.rotary_emb
+        head_dim = int(decoder.layers[0].self_attn.head_dim)
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0, head_dim), torch.empty(0, head_dim))
         self._cache: list[torch.Tensor] = []  # the keys of the cache the op holds (`set_cache`), per layer
         # A chain's positions and mask: none (the op makes them; see __call__).
