@@ -15,7 +15,7 @@ variant's median over it.
 
 Why one process: on a shared 2-core VM, whole runs alternated in separate processes moved by
 5-10% from run to run; interleaved here, a copy of the installed source stays within about
-1.5% of it (docs/runner.md, "The head's one row"). Needs a CPU with AVX2 and a model that
+1.5% of it (docs/runner.md, "Int8 records in one pass"). Needs a CPU with AVX2 and a model that
 takes the native step (the embedded model does, with the default weights).
 """
 

@@ -461,80 +461,42 @@ void q8_rows(const int8_t* qx, const float* dx, const int32_t* cx, int64_t K, in
   }
 #else
   (void)cx;
+  // Each record in one pass: its two halves (outputs 0-7, 8-15) as each 64-byte line of
+  // codes arrives, |q| shared by the rows. A pass per half (the half's 8 |q| registers kept
+  // for all rows) was slower: one-token steps 2-4%, 4-row ones 3-5% (every product 10-13% on
+  // --weights q8q8; docs/runner.md, "Int8 records in one pass"). Integer sums are exact, so how
+  // they are chained does not change a bit.
   const __m256i ones = _mm256_set1_epi16(1);
-  // The sums of half h (outputs 8h..8h+7) of record `rec` by codes x0, x1 (4 each, broadcast)
-  // for code chunks p and p + 1, added to s0 and s1: |q| by x with q's sign.
-  auto add_pair = [&](const int8_t* rec, int half, int p, __m256i x0, __m256i x1, __m256i& s0, __m256i& s1) __attribute__((always_inline)) {
-    const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * half + 64 * p));
-    const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * half + 64 * p + 64));
-    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q0), _mm256_sign_epi8(x0, q0)), ones));
-    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q1), _mm256_sign_epi8(x1, q1)), ones));
-  };
-  if constexpr (R == 1) {
-    // One row (every decoding step's head): both halves of a record in one pass, each cache
-    // line used whole as it arrives; the same sums in the same order as the two passes below
-    // (the same bits), and one-token steps 2-3% faster (docs/runner.md, "The head's one row").
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t g = 0; g < G; ++g) {
-      const int8_t* rec = w + g * kHeadRecord;
-      for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + ahead * kHeadRecord + line), _MM_HINT_T1);
-      if constexpr (Groups) _mm_prefetch(reinterpret_cast<const char*>(ws + (g + ahead) * kBlock), _MM_HINT_T1);
-      const int8_t* x = qx + g * kGroup;
-      __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}, {_mm256_setzero_si256(), _mm256_setzero_si256()}};
-      for (int p = 0; p < 8; p += 2) {
-        const __m256i x0 = _mm256_set1_epi32(four_codes(x + 4 * p)), x1 = _mm256_set1_epi32(four_codes(x + 4 * p + 4));
-        add_pair(rec, 0, p, x0, x1, s[0][0], s[0][1]);
-        add_pair(rec, 1, p, x0, x1, s[1][0], s[1][1]);
-      }
-      const __m256 dxr = _mm256_set1_ps(dx[g]);
-      for (int half = 0; half < 2; ++half) {
-        __m256 step = dxr;
-        if constexpr (Groups) {
-          step = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * kBlock + 8 * half))), dxr);
-        }
-        acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s[half][0], s[half][1])), step, acc[half]);
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const int8_t* rec = w + g * kHeadRecord;
+    for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + ahead * kHeadRecord + line), _MM_HINT_T1);
+    if constexpr (Groups) _mm_prefetch(reinterpret_cast<const char*>(ws + (g + ahead) * kBlock), _MM_HINT_T1);
+    __m256i s[R][2];  // row r's integer sums of outputs 0-7 and 8-15
+    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm256_setzero_si256();
+    for (int p = 0; p < 8; ++p) {
+      const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * p));
+      const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * p + 32));
+      const __m256i a0 = _mm256_abs_epi8(q0), a1 = _mm256_abs_epi8(q1);
+      for (int r = 0; r < R; ++r) {  // |q| by x with q's sign
+        const __m256i xr = _mm256_set1_epi32(four_codes(qx + r * K + g * kGroup + 4 * p));
+        s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(xr, q0)), ones));
+        s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(xr, q1)), ones));
       }
     }
     for (int half = 0; half < 2; ++half) {
-      _mm256_storeu_ps(out + 8 * half, Groups ? acc[half] : _mm256_mul_ps(acc[half], _mm256_loadu_ps(scale + 8 * half)));
-    }
-    return;
-  }
-  // Each half of the block (8 outputs) in a pass of its own: its |q| (8 registers) and the
-  // rows' sums stay in the 16 ymm registers.
-  for (int half = 0; half < 2; ++half) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) {
-      const int8_t* rec = w + g * kHeadRecord;
-      if (half == 0) {
-        for (int64_t line = 0; line < kHeadRecord; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + ahead * kHeadRecord + line), _MM_HINT_T1);
-        if constexpr (Groups) _mm_prefetch(reinterpret_cast<const char*>(ws + (g + ahead) * kBlock), _MM_HINT_T1);
-      }
       __m256 d = _mm256_setzero_ps();
       if constexpr (Groups) d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * kBlock + 8 * half)));
-      const int8_t* h = rec + 32 * half;
-      __m256i a[8];  // |q|
-      for (int p = 0; p < 8; ++p) a[p] = _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p)));
       for (int r = 0; r < R; ++r) {
-        const int8_t* x = qx + r * K + g * kGroup;
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int p = 0; p < 8; p += 2) {
-          const __m256i x0 = _mm256_set1_epi32(four_codes(x + 4 * p)), x1 = _mm256_set1_epi32(four_codes(x + 4 * p + 4));
-          const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p));
-          const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 64 * p + 64));
-          s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p], _mm256_sign_epi8(x0, q0)), ones));
-          s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(a[p + 1], _mm256_sign_epi8(x1, q1)), ones));
-        }
         const __m256 dxr = _mm256_set1_ps(dx[r * G + g]);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), Groups ? _mm256_mul_ps(d, dxr) : dxr, acc[r]);
+        acc[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][half]), Groups ? _mm256_mul_ps(d, dxr) : dxr, acc[r][half]);
       }
     }
-    if constexpr (Groups) {
-      for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo + 8 * half, acc[r]);
-    } else {
-      const __m256 sc = _mm256_loadu_ps(scale + 8 * half);
-      for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo + 8 * half, _mm256_mul_ps(acc[r], sc));
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int half = 0; half < 2; ++half) {
+      _mm256_storeu_ps(out + r * ldo + 8 * half, Groups ? acc[r][half] : _mm256_mul_ps(acc[r][half], _mm256_loadu_ps(scale + 8 * half)));
     }
   }
 #endif
