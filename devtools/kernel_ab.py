@@ -94,7 +94,7 @@ def main() -> None:
     for _, _, weights in libraries:
         weights.set_cache([k for k, _ in buffers], [v for _, v in buffers])
     start = cache.length
-    cos, sin = native._rope(start + max(rows) + 1)
+    cos, sin = native.rope_tables(start + max(rows) + 1)
     no_positions, no_mask = torch.empty(0, dtype=torch.long), torch.empty(0)
 
     def step(op: Any, weights: Any, count: int) -> torch.Tensor:

@@ -143,7 +143,7 @@ class NativeStep:
         # A chain's positions and mask: none (the op makes them; see __call__).
         self._no_positions, self._no_mask = torch.empty(0, dtype=torch.long), torch.empty(0)
 
-    def _rope(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [P, D] for positions 0..P-1 with P >= `positions` (the model's own rotary module)."""
         if self._tables[0].shape[0] < positions:
             count = max(positions, 2 * self._tables[0].shape[0])
@@ -167,7 +167,7 @@ class NativeStep:
         pos = self._no_positions if positions is None else positions.view(-1)
         if mask is None:
             mask = self._no_mask
-        cos, sin = self._rope(start + ids.shape[0])  # a row's position is at most start + its index
+        cos, sin = self.rope_tables(start + ids.shape[0])  # a row's position is at most start + its index
         # Another cache, or this one grown (new buffers): hand it over.
         if len(buffers) != len(self._cache) or any(k is not held for (k, _), held in zip(buffers, self._cache)):
             self.weights.set_cache([k for k, _ in buffers], [v for _, v in buffers])
