@@ -37,6 +37,8 @@ GGUF_MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
 _STRING, _ARRAY = 8, 9
+_UINT32 = 4
+_ARCHITECTURE, _ALIGNMENT = b"general.architecture", b"general.alignment"
 
 
 class _BadGGUF(Exception):
@@ -93,6 +95,26 @@ def _counts(f: BinaryIO, path: Path) -> tuple[int, int]:
     return _u64(f), _u64(f)
 
 
+def _metadata(f: BinaryIO, kv_count: int, wanted: dict[bytes, int], *, all_entries: bool) -> dict[bytes, str | int]:
+    """The `wanted` keys' values (key -> its GGUF type: a string or a uint32; one of another
+    type is skipped like the rest) among the `kv_count` metadata entries at `f`. With
+    `all_entries`, `f` is left past the metadata (at the tensor infos); without, it returns as
+    soon as every wanted key is read (``general.architecture`` usually comes first)."""
+    found: dict[bytes, str | int] = {}
+    for _ in range(kv_count):
+        key = _string(f)
+        vtype = struct.unpack("<I", _read(f, 4))[0]
+        if wanted.get(key) != vtype:
+            _skip_value(f, vtype)
+        elif vtype == _STRING:
+            found[key] = _string(f).decode("utf-8", errors="replace")
+        else:
+            found[key] = struct.unpack(_SCALARS[vtype], _read(f, struct.calcsize(_SCALARS[vtype])))[0]
+        if not all_entries and len(found) == len(wanted):
+            break
+    return found
+
+
 def gguf_architecture(path: Path) -> str:
     """``general.architecture`` from a GGUF file's header (for example "llama").
 
@@ -101,17 +123,14 @@ def gguf_architecture(path: Path) -> str:
     try:
         with open(path, "rb") as f:
             _, kv_count = _counts(f, path)
-            for _ in range(kv_count):
-                key = _string(f)
-                vtype = struct.unpack("<I", _read(f, 4))[0]
-                if key == b"general.architecture" and vtype == _STRING:
-                    return _string(f).decode("utf-8", errors="replace")
-                _skip_value(f, vtype)
+            found = _metadata(f, kv_count, {_ARCHITECTURE: _STRING}, all_entries=False)
     except _BadGGUF as exc:
         raise ModelLoadError(f"{path} is not a valid GGUF file: {exc}") from None
     except OSError as exc:
         raise ModelLoadError(f"cannot read {path}: {exc.strerror or exc}") from None
-    raise ModelLoadError(f"{path} has no general.architecture in its GGUF header")
+    if _ARCHITECTURE not in found:
+        raise ModelLoadError(f"{path} has no general.architecture in its GGUF header")
+    return str(found[_ARCHITECTURE])
 
 
 @dataclass(frozen=True)
@@ -138,19 +157,11 @@ def read_gguf_tensors(path: Path) -> tuple[str, list[GGUFTensor]]:
              GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
              GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
              GGMLQuantizationType.I64: np.int64}  # fmt: skip
-    architecture, alignment, infos = None, 32, []
+    infos = []
     try:
         with open(path, "rb") as f:
             tensor_count, kv_count = _counts(f, path)
-            for _ in range(kv_count):
-                key = _string(f)
-                vtype = struct.unpack("<I", _read(f, 4))[0]
-                if key == b"general.architecture" and vtype == _STRING:
-                    architecture = _string(f).decode("utf-8", errors="replace")
-                elif key == b"general.alignment" and vtype == 4:
-                    alignment = struct.unpack("<I", _read(f, 4))[0]
-                else:
-                    _skip_value(f, vtype)
+            found = _metadata(f, kv_count, {_ARCHITECTURE: _STRING, _ALIGNMENT: _UINT32}, all_entries=True)
             for _ in range(tensor_count):
                 name = _string(f).decode("utf-8")
                 n_dims = struct.unpack("<I", _read(f, 4))[0]
@@ -160,8 +171,9 @@ def read_gguf_tensors(path: Path) -> tuple[str, list[GGUFTensor]]:
             start = f.tell()
     except _BadGGUF as exc:
         raise ModelLoadError(f"{path} is not a valid GGUF file: {exc}") from None
-    if architecture is None:
+    if _ARCHITECTURE not in found:
         raise ModelLoadError(f"{path} has no general.architecture in its GGUF header")
+    architecture, alignment = str(found[_ARCHITECTURE]), int(found.get(_ALIGNMENT, 32))
     if alignment == 0 or alignment & (alignment - 1):
         raise ModelLoadError(f"{path} is not a valid GGUF file: alignment {alignment} is no power of two")
     start += -start % alignment
