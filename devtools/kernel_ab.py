@@ -52,6 +52,10 @@ def build_variant(source: Path, index: int, root: Path) -> str:
     return namespace
 
 
+def _rows(count: int) -> str:
+    return f"{count} row" if count == 1 else f"{count} rows"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="+", type=Path, help="edited copies of pardec_cli/data/avx2_kernels.cpp (up to 7)")
@@ -67,7 +71,14 @@ def main() -> None:
     missing = [str(v) for v in args.variants if not v.is_file()]
     if missing:
         sys.exit(f"no such file: {', '.join(missing)}")
-    rows = [int(r) for r in args.rows.split(",")]
+    try:
+        rows = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        sys.exit(f"--rows takes whole numbers separated by commas, not {args.rows!r}")
+    if min(rows) < 1:
+        sys.exit("--rows must be 1 or more")
+    if args.context < max(rows):
+        sys.exit(f"--context must be at least the most rows timed ({max(rows)})")
 
     import torch
 
@@ -106,7 +117,7 @@ def main() -> None:
         for count in rows:
             reference = step(libraries[0][1], libraries[0][2], count)
             same = ", ".join(f"{label} {'yes' if torch.equal(reference, step(op, w, count)) else 'NO'}" for label, op, w in libraries[1:])
-            print(f"{count} row{'s' if count > 1 else ''}, the same logits: {same}", flush=True)
+            print(f"{_rows(count)}, the same logits: {same}", flush=True)
         for round_ in range(args.rounds):
             cells = []
             for count in rows:
@@ -118,7 +129,7 @@ def main() -> None:
                         spent.append(perf_counter() - began)
                 medians = [statistics.median(t) * 1e3 for t in times]
                 ratios = ", ".join(f"{label} {m / medians[0]:.3f}x" for (label, _, _), m in zip(libraries[1:], medians[1:]))
-                cells.append(f"{count} row{'s' if count > 1 else ''} {medians[0]:.2f} ms: {ratios}")
+                cells.append(f"{_rows(count)} {medians[0]:.2f} ms: {ratios}")
             print(f"round {round_ + 1}: " + "; ".join(cells), flush=True)
 
 
