@@ -239,9 +239,7 @@ def convert_gguf_quantized(gguf_path: Path, out_dir: Path, *, source_repo: str |
 def _as_records(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Stored Q4 parts (codes, scale, min) as ``q4_records`` where pardec's 4-bit kernels
     take the shape (`quant.Int4Records.from_codes`), else as they are."""
-    from pardec_cli.quant import Int4Records
-
-    layer = Int4Records.from_codes(unpack_q4(parts["q4_codes"]), parts["q4_scale"], parts["q4_min"], activations="float32")
+    layer = _q4_records(parts, "float32")
     return parts if layer is None else {"q4_records": layer.blocks}
 
 
