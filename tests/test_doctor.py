@@ -136,7 +136,7 @@ def test_doctor_prints_the_floor_of_the_model_and_the_forward_against_it(tiny_cl
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
     start = lines.index(f"floor of {tiny_cli_model}")
-    memory, weights, pages, floor, forward = lines[start + 1: start + 6]
+    memory, weights, pages, floor, forward, cache = lines[start + 1: start + 7]
     assert memory.startswith("  memory        10.0 GB/s read on cpu (read test")
     assert memory.endswith("a copy test moves 20.0 GB/s, read + written)")
     assert weights.startswith("  weights       ") and weights.endswith("MB read by one forward (float32, full weights, eager step)")
@@ -144,6 +144,8 @@ def test_doctor_prints_the_floor_of_the_model_and_the_forward_against_it(tiny_cl
     assert floor.startswith("  floor         ") and floor.endswith("ms per forward (weights / read bandwidth)")
     assert forward.startswith("  forward       ") and "ms for one token over a 300-token context: " in forward
     assert forward.endswith("x one at the copy test's rate)")
+    assert cache.startswith("  with cache    ") and "MB of keys and values (float32) read too: " in cache
+    assert cache.endswith("x that")
     assert bandwidth_10gbs == ["cpu"] * (2 + FLOOR_ROUNDS)  # read and copy, then a read after each forward
     assert f"{FLOOR_ROUNDS + 1} times around {FLOOR_ROUNDS} forward measurements" in memory
 
@@ -175,6 +177,14 @@ def test_doctor_json_floor_is_consistent(tiny_cli_model, bandwidth_10gbs):
     assert floor["forward_ms"] > 0 and floor["context_tokens"] == 300
     assert floor["multiple"] == pytest.approx(floor["forward_ms"] / floor["floor_ms"], rel=1e-2)
     assert floor["copy_floor_ms"] == pytest.approx(floor["floor_ms"] / 2, rel=1e-2)  # 20 GB/s copied
+    # The keys and values over those 300 tokens, from the tiny model's config, in its dtype.
+    config = json.loads((tiny_cli_model / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    assert floor["cache_bytes"] == 2 * config["num_hidden_layers"] * kv_heads * head_dim * 300 * 4
+    assert floor["cache_dtype"] == "float32"
+    assert floor["cache_floor_ms"] == pytest.approx((floor["weight_bytes"] + floor["cache_bytes"]) / 10e9 * 1e3, rel=1e-3)
+    assert floor["cache_multiple"] == pytest.approx(floor["forward_ms"] / floor["cache_floor_ms"], rel=1e-2)
 
 
 def test_doctor_measures_the_floor_with_the_weights_asked_for(tiny_cli_model, bandwidth_10gbs):

@@ -48,7 +48,9 @@ def doctor(model: str | None, device: str, dtype: str, measure: bool, compile: s
     (bytes of weights) / (memory read bandwidth). doctor measures the bandwidth with a
     short read test (and a copy test, whose read + written rate some CPUs double), then
     times a one-token forward over a 300-token context on the runner that gen uses, and
-    prints it as a multiple of that floor (1.0x = at the floor).
+    prints it as a multiple of that floor (1.0x = at the floor). The keys and values that
+    forward attends to are a second line: bytes read too, small at 300 tokens, growing
+    with a chat's length.
 
     With --no-measure, on a machine without a GPU driver, this does not import torch,
     so it answers at once.
@@ -130,6 +132,9 @@ def _floor_lines(floor: dict[str, Any], name: str) -> list[str]:
     lines.append(f"  floor         {floor['floor_ms']:.2f} ms per forward (weights / read bandwidth)")
     lines.append(f"  forward       {floor['forward_ms']:.2f} ms for one token over a {floor['context_tokens']}-token "
                  f"context: {floor['multiple']:.2f}x the floor ({floor['copy_multiple']:.2f}x one at the copy test's rate)")
+    if "cache_bytes" in floor:
+        lines.append(f"  with cache    {floor['cache_bytes'] / 1e6:.1f} MB of keys and values ({floor['cache_dtype']}) read too: "
+                     f"{floor['cache_floor_ms']:.2f} ms, the forward {floor['cache_multiple']:.2f}x that")
     return lines
 
 
