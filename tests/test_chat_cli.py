@@ -34,6 +34,7 @@ def test_help_teaches_the_keys_and_options():
     [
         (["--method", "nope"], "unknown method 'nope'"),
         (["--method", "pld", "-O", "nope=1"], "has no option 'nope'"),
+        (["--method", "pld[nope=1]"], "has no option 'nope'"),  # a label as bench prints it: its knobs are -O's
         (["--continue"], "there is no saved conversation to continue"),
         (["--continue", "1999"], "'1999' is not a saved conversation"),
     ],

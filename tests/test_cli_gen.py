@@ -137,6 +137,33 @@ def test_json_record_has_text_method_stats_and_finish_reason(tiny):
         assert key in stats
 
 
+def test_a_method_label_as_bench_prints_it_sets_its_knobs(tiny):
+    """--method 'pld[num_draft=4]' is --method pld -O num_draft=4: the same run, the same
+    record; a combination's label with its dotted knobs and spaces around '+' reads too."""
+    plain = gen_json(tiny, "-n", "6", "--temp", "0", "--method", "pld", "-O", "num_draft=4", "w5 w6 w7")
+    label = gen_json(tiny, "-n", "6", "--temp", "0", "--method", "pld[num_draft=4]", "w5 w6 w7")
+    assert label["method"] == "pld" and label["knobs"] == plain["knobs"] and label["text"] == plain["text"]
+    both = gen_json(tiny, "-n", "4", "--temp", "0", "--method", "pld[num_draft=4]", "-O", "min_ngram=2", "w5 w6 w7")
+    assert both["knobs"]["num_draft"] == 4 and both["knobs"]["min_ngram"] == 2
+    combined = gen_json(tiny, "-n", "4", "--temp", "0", "--method", "pld + recycling[pld.num_draft=3]", "w5 w6 w7")
+    assert combined["method"] == "pld+recycling"
+    assert gen_json(tiny, "-n", "4", "--temp", "0", "--method", "pld+recycling", "w5 w6 w7")["text"] == combined["text"]
+
+
+@pytest.mark.parametrize(
+    "method, args, fragments",
+    [
+        ("pld[num_draft=4", [], ("cannot read the method", "NAME[KNOB=VALUE")),
+        ("[num_draft=4]", [], ("cannot read the method",)),
+        ("pld[num_draft=4]", ["-O", "num_draft=8"], ("num_draft given in --method", "and with -O")),
+        ("pld[nope=1]", [], ("nope",)),
+        ("pldd[num_draft=4]", [], ("unknown method 'pldd'",)),
+    ],
+)
+def test_bad_method_labels_are_usage_errors(tiny, method, args, fragments):
+    assert_one_clear_error(invoke(["gen", "-m", str(tiny), "--method", method, *args, "hi"]), 2, *fragments)
+
+
 def test_stop_string_ends_the_reply_and_is_not_printed(tiny):
     full = gen_json(tiny, "-n", "40", "--method", "vanilla", "w10 w11 w12")["text"]
     words = full.split()

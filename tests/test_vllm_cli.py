@@ -189,6 +189,10 @@ def test_serve_dry_run_prints_the_vllm_command_with_pardecs_method(fake_vllm, mo
     assert command.endswith("--host 127.0.0.1 --port 8081")
     assert "speculative_config" in result.stderr  # the reasons, on stderr
     assert exec_calls == []
+    label = invoke(["serve", "--engine", "vllm", "-m", str(model_dir), "--method", "pld[num_draft=4]",
+                    "--port", "8081", "--dry-run"])
+    assert label.exit_code == 0, label.stderr
+    assert label.stdout.strip() == command  # the label as bench prints it is --method pld -O num_draft=4
 
 
 def test_serve_execs_vllm_with_the_api_key_which_is_never_echoed(fake_vllm, model_dir, exec_calls):

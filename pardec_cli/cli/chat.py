@@ -18,6 +18,7 @@ import click
 from pardec_cli.cli.options import (
     AUTO,
     build_method_options,
+    split_method,
     compile_option,
     method_options,
     model_options,
@@ -93,6 +94,7 @@ def chat(message: tuple[str, ...], model: str | None, dtype: str, weights: str, 
     from pardec_cli.tui.conversation import ConversationStore
     from pardec_cli.tui.settings import ChatSettings
 
+    method, method_opts = split_method(method, method_opts)
     store = ConversationStore()
     if list_only:
         print_conversations(store)

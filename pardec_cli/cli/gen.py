@@ -29,6 +29,7 @@ import click
 from pardec_cli.cli.options import (
     AUTO,
     build_method_options,
+    split_method,
     compile_notice,
     compile_option,
     engine_options,
@@ -114,6 +115,7 @@ def gen(prompt: tuple[str, ...], model: str | None, dtype: str, weights: str, de
     from pardec_cli.engine.sampling_params import SamplingParams
     from pardec_cli.session import Session
 
+    method, method_opts = split_method(method, method_opts)
     if as_json and as_jsonl:
         raise PardecUsageError("--json and --jsonl cannot be combined",
                                hint="--json prints one object at the end, --jsonl one per step and a summary")

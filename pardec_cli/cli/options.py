@@ -122,7 +122,7 @@ def method_options(default: str = AUTO) -> Callable[[F], F]:
         f = click.option(
             "--method", default=default, show_default=True, type=MethodName(),
             help="Decoding method: auto (chosen per prompt for this hardware and task; `pardec doctor` shows its picks), "
-            + ", ".join(method_names()) + ".",
+            + ", ".join(method_names()) + "; with knobs as bench and --explain print them, e.g. 'pld[num_draft=8]'.",
         )(f)
         return f
 
@@ -179,6 +179,28 @@ def engine_options(f: F) -> F:
 
 
 HEAD_METHODS = ("medusa", "eagle", "eagle3")
+
+
+def split_method(method: str, method_opts: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """'pld[num_draft=8]', a label as bench, tune and --explain print it, -> ('pld',
+    ('num_draft=8', *method_opts)): the knobs in brackets are -O pairs. A knob given both
+    ways is a usage error (which value was meant?)."""
+    name, bracket, rest = method.partition("[")
+    name = "+".join(part.strip() for part in name.split("+"))  # 'pld + recycling' as 'pld+recycling'
+    if not bracket:
+        return name, method_opts
+    from pardec_cli.bench import split_knobs
+    from pardec_cli.errors import PardecUsageError
+    from pardec_cli.methods.options import parse_assignments
+
+    rest = rest.rstrip()
+    if not rest.endswith("]") or not name:
+        raise PardecUsageError(f"cannot read the method {method!r}", hint="the form is NAME[KNOB=VALUE,...], e.g. pld[num_draft=8]")
+    knobs = tuple(split_knobs(rest[:-1]))
+    twice = set(parse_assignments(knobs)) & set(parse_assignments(method_opts))
+    if twice:
+        raise PardecUsageError(f"{', '.join(sorted(twice))} given in --method {method!r} and with -O", hint="give each knob once")
+    return name, knobs + method_opts
 
 
 def build_method_options(

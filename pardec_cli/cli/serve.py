@@ -14,6 +14,7 @@ import click
 
 from pardec_cli.cli.options import (
     build_method_options, compile_notice, compile_option, engine_options, method_options, model_options, profile_option,
+    split_method,
 )
 from pardec_cli.cli.output import is_terminal, loading_status
 from pardec_cli.errors import PardecError, PardecUsageError
@@ -86,6 +87,7 @@ def serve(model: str | None, dtype: str, weights: str, device: str, offline: boo
     speculative method when it starts) or takes --method/-O, and runs vLLM's own
     OpenAI server (`vllm serve`) with that speculative_config: clients see the same API.
     """
+    method, method_opts = split_method(method, method_opts)
     if engine == "vllm":
         run_vllm_serve(model, dtype=dtype, offline=offline, host=host, port=port, api_key=api_key, method=method,
                        options=build_method_options(method, method_opts, draft_model, heads_dir),
