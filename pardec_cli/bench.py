@@ -131,32 +131,9 @@ def limit_per_category(prompts: Iterable[BenchPrompt], limit: int | None) -> lis
 _METHOD_ITEM = re.compile(r"\s*([A-Za-z0-9_+\-]+)\s*(?:\[((?:[^\[\]]|\[[^\[\]]*\])*)\])?\s*(?:,|$)")
 
 
-def split_knobs(text: str) -> list[str]:
-    """'layer_list=0-9,20-29,k=4' -> ['layer_list=0-9,20-29', 'k=4'].
-
-    A comma starts a new knob only outside brackets and when the next piece is itself
-    NAME=VALUE, so list values (layer lists) and arms ('arms=pld[num_draft=4] | vanilla')
-    keep their commas.
-    """
-    pieces, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            pieces.append(text[start:i])
-            start = i + 1
-    pieces.append(text[start:])
-    knobs: list[str] = []
-    for piece in pieces:
-        if "=" in piece or not knobs:
-            knobs.append(piece)
-        else:
-            knobs[-1] += "," + piece
-    return [k for k in knobs if k.strip()]
-
-
 def parse_methods(text: str) -> list[MethodChoice]:
     """'vanilla,pld,layerskip[layers=8,k=4]' -> choices; labels keep the knobs for the tables."""
-    from pardec_cli.methods.options import parse_assignments
+    from pardec_cli.methods.options import parse_assignments, split_knobs
     from pardec_cli.methods.registry import get_spec
 
     choices: list[MethodChoice] = []

@@ -49,7 +49,7 @@ def test_the_first_message_can_be_an_argument(tiny_cli_model):
 
 def test_slash_commands_are_the_full_screen_chats(tiny_cli_model, tmp_path):
     script = "\n".join([
-        "/method pld num_draft=3",
+        "/method pld[num_draft=3]",  # a label as bench and --explain print it
         "/set max_tokens=4 temp=0",
         "Hello",
         "/rename My first chat",

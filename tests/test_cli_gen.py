@@ -155,7 +155,7 @@ def test_a_method_label_as_bench_prints_it_sets_its_knobs(tiny):
     [
         ("pld[num_draft=4", [], ("cannot read the method", "NAME[KNOB=VALUE")),
         ("[num_draft=4]", [], ("cannot read the method",)),
-        ("pld[num_draft=4]", ["-O", "num_draft=8"], ("num_draft given in --method", "and with -O")),
+        ("pld[num_draft=4]", ["-O", "num_draft=8"], ("num_draft given twice: in 'pld[num_draft=4]' and with -O",)),
         ("pld[nope=1]", [], ("nope",)),
         ("pldd[num_draft=4]", [], ("unknown method 'pldd'",)),
     ],

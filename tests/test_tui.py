@@ -392,12 +392,12 @@ async def test_text_with_brackets_is_shown_as_typed_not_read_as_markup() -> None
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await say(pilot, "/system Answer as [role=pirate, tone=grim] would.")
-        await say(pilot, "/method zz[a=1,b=2]")  # an error quoting what was typed
+        await say(pilot, "/method pld[num_draft=4] num_draft=8")  # an error quoting what was typed
         await say_and_wait(pilot, "hi")
         # as a notification is drawn: Textual markup unless it says otherwise
         shown = [(Content.from_markup(n.message) if n.markup else Content(n.message)).plain for n in app._notifications]
         assert shown[0] == "System prompt: Answer as [role=pirate, tone=grim] would."
-        assert shown[1].startswith("unknown method 'zz[a=1,b=2]'")
+        assert shown[1].startswith("num_draft given twice: in 'pld[num_draft=4]' and after it")
     assert [system for _, system in session.encoded] == ["Answer as [role=pirate, tone=grim] would."]
 
 

@@ -185,22 +185,9 @@ def split_method(method: str, method_opts: tuple[str, ...]) -> tuple[str, tuple[
     """'pld[num_draft=8]', a label as bench, tune and --explain print it, -> ('pld',
     ('num_draft=8', *method_opts)): the knobs in brackets are -O pairs. A knob given both
     ways is a usage error (which value was meant?)."""
-    name, bracket, rest = method.partition("[")
-    name = "+".join(part.strip() for part in name.split("+"))  # 'pld + recycling' as 'pld+recycling'
-    if not bracket:
-        return name, method_opts
-    from pardec_cli.bench import split_knobs
-    from pardec_cli.errors import PardecUsageError
-    from pardec_cli.methods.options import parse_assignments
+    from pardec_cli.methods.options import merge_label_knobs
 
-    rest = rest.rstrip()
-    if not rest.endswith("]") or not name:
-        raise PardecUsageError(f"cannot read the method {method!r}", hint="the form is NAME[KNOB=VALUE,...], e.g. pld[num_draft=8]")
-    knobs = tuple(split_knobs(rest[:-1]))
-    twice = set(parse_assignments(knobs)) & set(parse_assignments(method_opts))
-    if twice:
-        raise PardecUsageError(f"{', '.join(sorted(twice))} given in --method {method!r} and with -O", hint="give each knob once")
-    return name, knobs + method_opts
+    return merge_label_knobs(method, method_opts, "with -O")
 
 
 def build_method_options(

@@ -359,23 +359,14 @@ def _narrowed(outcome: Outcome, needs: Needs) -> Outcome:
 
 def parse_arms(text: str) -> list[tuple[str, str, dict[str, str]]]:
     """'pld[num_draft=8] | vanilla' -> [(label, method, knobs)] (knob values parsed when built)."""
-    from pardec_cli.methods.options import parse_assignments
+    from pardec_cli.methods.options import parse_assignments, parse_label
 
     arms = []
     for item in text.split(ARM_SEPARATOR):
         label = item.strip()
-        if not label:
-            continue
-        name, bracket, rest = label.partition("[")
-        if bracket and not rest.endswith("]"):
-            raise PardecUsageError(f"cannot read the arm {label!r} (form: METHOD[KNOB=VALUE,...])")
-        pieces: list[str] = []
-        for piece in rest[:-1].split(",") if bracket else []:
-            if "=" in piece or not pieces:
-                pieces.append(piece)
-            else:  # a comma inside a value (layer_list=0-5,8)
-                pieces[-1] += "," + piece
-        arms.append((label, name.strip(), parse_assignments([p for p in pieces if p.strip()])))
+        if label:
+            name, knobs = parse_label(label, "arm")
+            arms.append((label, name, parse_assignments(knobs)))
     return arms
 
 

@@ -6,7 +6,7 @@ Torch-free, so `pardec methods`, `--help` and shell completion can list them che
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,52 @@ def resolve_options(
     for name, raw in given.items():
         values[name] = parse_value(by_name[name], raw)
     return values
+
+
+def split_knobs(text: str) -> list[str]:
+    """'layer_list=0-9,20-29,k=4' -> ['layer_list=0-9,20-29', 'k=4'].
+
+    A comma starts a new knob only outside brackets and when the next piece is itself
+    NAME=VALUE, so list values (layer lists) and arms ('arms=pld[num_draft=4] | vanilla')
+    keep their commas.
+    """
+    pieces, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            pieces.append(text[start:i])
+            start = i + 1
+    pieces.append(text[start:])
+    knobs: list[str] = []
+    for piece in pieces:
+        if "=" in piece or not knobs:
+            knobs.append(piece)
+        else:
+            knobs[-1] += "," + piece
+    return [k for k in knobs if k.strip()]
+
+
+def parse_label(label: str, what: str = "method") -> tuple[str, tuple[str, ...]]:
+    """'pld[num_draft=8]', a method as bench, tune and --explain label it, -> ('pld',
+    ('num_draft=8',)): the name (a combination's parts joined by '+' without spaces) and
+    its knobs as NAME=VALUE pairs; a bare name has none. `what` names it in the error."""
+    name, bracket, rest = label.strip().partition("[")
+    name = "+".join(part.strip() for part in name.split("+"))  # 'pld + recycling' as 'pld+recycling'
+    if bracket and (not rest.endswith("]") or not name):
+        raise PardecUsageError(f"cannot read the {what} {label.strip()!r}",
+                               hint="the form is NAME[KNOB=VALUE,...], e.g. pld[num_draft=8]")
+    return name, tuple(split_knobs(rest[:-1])) if bracket else ()
+
+
+def merge_label_knobs(label: str, more: Sequence[str], where: str) -> tuple[str, tuple[str, ...]]:
+    """`parse_label(label)` with the NAME=VALUE pairs `more` after its own knobs; a knob in
+    both is a usage error (which value was meant?), `where` saying where `more` came from."""
+    name, knobs = parse_label(label)
+    twice = set(parse_assignments(knobs)) & set(parse_assignments(tuple(more)))
+    if twice:
+        raise PardecUsageError(f"{', '.join(sorted(twice))} given twice: in {label.strip()!r} and {where}",
+                               hint="give each knob once")
+    return name, knobs + tuple(more)
 
 
 def parse_assignments(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:

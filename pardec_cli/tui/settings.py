@@ -186,9 +186,11 @@ def check_method(name: str, options: Mapping[str, Any]) -> None:
 
 
 def parse_method_words(words: Sequence[str]) -> tuple[str, dict[str, Any]]:
-    """``["pld", "num_draft=4"]`` -> ("pld", {"num_draft": "4"}) (values parsed when the method is built)."""
-    from pardec_cli.methods.options import parse_assignments
+    """``["pld", "num_draft=4"]`` or ``["pld[num_draft=4]"]`` (a label as bench and --explain
+    print it) -> ("pld", {"num_draft": "4"}) (values parsed when the method is built)."""
+    from pardec_cli.methods.options import merge_label_knobs, parse_assignments
 
     if not words:
         raise PardecUsageError("name a method, e.g. /method pld num_draft=8")
-    return words[0], dict(parse_assignments(tuple(words[1:])))
+    name, knobs = merge_label_knobs(words[0], words[1:], "after it")
+    return name, dict(parse_assignments(knobs))
