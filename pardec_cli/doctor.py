@@ -365,13 +365,16 @@ def weight_bytes(model: Any) -> int:
     return opaque + total
 
 
-def kv_cache_bytes(config: Any, tokens: int, element_size: int) -> int:
+def kv_cache_bytes(config: Any, tokens: int, element_size: int) -> int | None:
     """Bytes of keys and values one forward reads over a `tokens`-token context of a decoder
-    with `config`'s layers, KV heads and head size, `element_size` bytes an element."""
-    heads = getattr(config, "num_attention_heads", None) or 1
+    with `config`'s layers, KV heads and head size, `element_size` bytes an element; None
+    for a config that does not name them as transformers' Llama-like ones do."""
+    layers, heads, hidden = (getattr(config, key, None) for key in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
+    if not (isinstance(layers, int) and isinstance(heads, int) and heads > 0 and isinstance(hidden, int)):
+        return None
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * element_size
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return 2 * layers * kv_heads * head_dim * tokens * element_size
 
 
 def one_token_forward_ms(session: Any, *, context_tokens: int = FLOOR_CONTEXT_TOKENS,
@@ -441,10 +444,11 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
     # weights'), shown beside it, as it grows with the context (docs/runner.md, session 43).
     target = session.target
     cache_dtype = getattr(target, "kv_dtype", None) or next(target.model.parameters()).dtype
-    cache = kv_cache_bytes(target.model.config, context, cache_dtype.itemsize)
-    report.update(cache_bytes=cache, cache_dtype=str(cache_dtype).removeprefix("torch."),
-                  cache_floor_ms=round(bandwidth_floor_ms(read + cache, bandwidth), 3),
-                  cache_multiple=round(floor_multiple(forward, bandwidth_floor_ms(read + cache, bandwidth)), 2))
+    cache = kv_cache_bytes(getattr(target.model, "config", None), context, cache_dtype.itemsize)
+    if cache is not None:
+        report.update(cache_bytes=cache, cache_dtype=str(cache_dtype).removeprefix("torch."),
+                      cache_floor_ms=round(bandwidth_floor_ms(read + cache, bandwidth), 3),
+                      cache_multiple=round(floor_multiple(forward, bandwidth_floor_ms(read + cache, bandwidth)), 2))
     report.update(dtype=session.dtype, weights=session.held_weights, compiled=session.compiled, runner=session.runner, weight_bytes=read, floor_ms=round(floor, 3), forward_ms=round(forward, 3),
                   context_tokens=context, multiple=round(floor_multiple(forward, floor), 2),
                   copy_floor_ms=round(copy_floor, 3), copy_multiple=round(floor_multiple(forward, copy_floor), 2))

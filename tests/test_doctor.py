@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 from safetensors import safe_open
 
-from pardec_cli.doctor import FLOOR_ROUNDS, bandwidth_floor_ms, floor_multiple, weight_bytes
+from pardec_cli.doctor import FLOOR_ROUNDS, bandwidth_floor_ms, floor_multiple, kv_cache_bytes, weight_bytes
 from pardec_cli.hardware import measure_memory_bandwidth
 from tests.cli_helpers import invoke
 from tests.tiny_models import tiny_llama
@@ -148,6 +149,13 @@ def test_doctor_prints_the_floor_of_the_model_and_the_forward_against_it(tiny_cl
     assert cache.endswith("x that")
     assert bandwidth_10gbs == ["cpu"] * (2 + FLOOR_ROUNDS)  # read and copy, then a read after each forward
     assert f"{FLOOR_ROUNDS + 1} times around {FLOOR_ROUNDS} forward measurements" in memory
+
+
+def test_the_cache_line_needs_a_config_that_names_layers_and_heads():
+    llama = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    assert kv_cache_bytes(llama, 300, 2) == 2 * 30 * 3 * 64 * 300 * 2  # SmolLM2-135M's float16 cache: 6.9 MB
+    assert kv_cache_bytes(SimpleNamespace(n_layer=12, n_head=12, n_embd=768), 300, 4) is None  # GPT-2's names
+    assert kv_cache_bytes(None, 300, 4) is None
 
 
 def test_the_floor_takes_the_fastest_read_and_the_fastest_forward(tiny_cli_model, monkeypatch):
