@@ -18,12 +18,12 @@ import click
 from pardec_cli.cli.options import (
     AUTO,
     build_method_options,
-    split_method,
     compile_option,
     method_options,
     model_options,
     profile_option,
     sampling_options,
+    split_method,
 )
 from pardec_cli.cli.output import is_terminal
 from pardec_cli.errors import PardecError, PardecUsageError

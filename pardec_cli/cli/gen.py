@@ -29,7 +29,6 @@ import click
 from pardec_cli.cli.options import (
     AUTO,
     build_method_options,
-    split_method,
     compile_notice,
     compile_option,
     engine_options,
@@ -37,6 +36,7 @@ from pardec_cli.cli.options import (
     model_options,
     profile_option,
     sampling_options,
+    split_method,
 )
 from pardec_cli.cli.output import (
     InterruptGuard,
