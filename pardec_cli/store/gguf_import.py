@@ -115,6 +115,13 @@ def _metadata(f: BinaryIO, kv_count: int, wanted: dict[bytes, int], *, all_entri
     return found
 
 
+def _architecture(found: dict[bytes, str | int], path: Path) -> str:
+    """``general.architecture`` among the metadata `_metadata` found in the file at `path`."""
+    if _ARCHITECTURE not in found:
+        raise ModelLoadError(f"{path} has no general.architecture in its GGUF header")
+    return str(found[_ARCHITECTURE])
+
+
 def gguf_architecture(path: Path) -> str:
     """``general.architecture`` from a GGUF file's header (for example "llama").
 
@@ -128,9 +135,7 @@ def gguf_architecture(path: Path) -> str:
         raise ModelLoadError(f"{path} is not a valid GGUF file: {exc}") from None
     except OSError as exc:
         raise ModelLoadError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if _ARCHITECTURE not in found:
-        raise ModelLoadError(f"{path} has no general.architecture in its GGUF header")
-    return str(found[_ARCHITECTURE])
+    return _architecture(found, path)
 
 
 @dataclass(frozen=True)
@@ -171,9 +176,7 @@ def read_gguf_tensors(path: Path) -> tuple[str, list[GGUFTensor]]:
             start = f.tell()
     except _BadGGUF as exc:
         raise ModelLoadError(f"{path} is not a valid GGUF file: {exc}") from None
-    if _ARCHITECTURE not in found:
-        raise ModelLoadError(f"{path} has no general.architecture in its GGUF header")
-    architecture, alignment = str(found[_ARCHITECTURE]), int(found.get(_ALIGNMENT, 32))
+    architecture, alignment = _architecture(found, path), int(found.get(_ALIGNMENT, 32))
     if alignment == 0 or alignment & (alignment - 1):
         raise ModelLoadError(f"{path} is not a valid GGUF file: alignment {alignment} is no power of two")
     start += -start % alignment
