@@ -446,9 +446,9 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
     cache_dtype = getattr(target, "kv_dtype", None) or next(target.model.parameters()).dtype
     cache = kv_cache_bytes(getattr(target.model, "config", None), context, cache_dtype.itemsize)
     if cache is not None:
+        cache_floor = bandwidth_floor_ms(read + cache, bandwidth)
         report.update(cache_bytes=cache, cache_dtype=str(cache_dtype).removeprefix("torch."),
-                      cache_floor_ms=round(bandwidth_floor_ms(read + cache, bandwidth), 3),
-                      cache_multiple=round(floor_multiple(forward, bandwidth_floor_ms(read + cache, bandwidth)), 2))
+                      cache_floor_ms=round(cache_floor, 3), cache_multiple=round(floor_multiple(forward, cache_floor), 2))
     report.update(dtype=session.dtype, weights=session.held_weights, compiled=session.compiled, runner=session.runner, weight_bytes=read, floor_ms=round(floor, 3), forward_ms=round(forward, 3),
                   context_tokens=context, multiple=round(floor_multiple(forward, floor), 2),
                   copy_floor_ms=round(copy_floor, 3), copy_multiple=round(floor_multiple(forward, copy_floor), 2))
