@@ -107,10 +107,11 @@ def main() -> None:
     start = cache.length
     cos, sin = native.rope_tables(start + max(rows) + 1)
     no_positions, no_mask = torch.empty(0, dtype=torch.long), torch.empty(0)
+    chains = {count: torch.tensor(ids[-count:]) for count in rows}  # made once, outside the timed steps
 
     def step(op: Any, weights: Any, count: int) -> torch.Tensor:
         # rows start..start+count-1 as a chain over the cache (each library rewrites the same rows alike)
-        return op(weights, torch.tensor(ids[-count:]), cos, sin, no_positions, no_mask, start, None, 0, start + count)
+        return op(weights, chains[count], cos, sin, no_positions, no_mask, start, None, 0, start + count)
 
     print(f"{session.model_name}, {session.runner} step, {session.held_weights} weights, a {start}-token cache", flush=True)
     with torch.inference_mode():
