@@ -168,8 +168,10 @@ class Int4Linear(nn.Module):
         return self._matmul(eye).float().t().contiguous()
 
     def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
-        if self.packed.device.type == "cuda":
-            return torch.ops.aten._weight_int4pack_mm(x2d, self.packed, self.group_size, self.scales_and_zeros)
+        if self.packed.device.type == "cuda":  # the kernel takes bfloat16 activations only
+            y = torch.ops.aten._weight_int4pack_mm(x2d.to(self.scales_and_zeros.dtype), self.packed, self.group_size,
+                                                   self.scales_and_zeros)  # fmt: skip
+            return y.to(x2d.dtype)
         if self.shared_columns is not None and torch.compiler.is_compiling():
             # The group's whole product, sliced: every member of the group makes this same
             # call, which the compiled step merges into one (`merge_shared_products`).
@@ -784,15 +786,20 @@ def pack_int4(q: torch.Tensor, inner_k_tiles: int = 8) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
 
 
-def can_int4(linear: nn.Linear, group_size: int) -> bool:
-    """Whether the int4 kernel takes this layer's shape (input dim in whole groups; CUDA
-    also needs the tile multiples of `pack_int4`)."""
-    n, k = linear.weight.shape
+def int4_fits(n: int, k: int, group_size: int, device_type: str) -> bool:
+    """Whether `device_type`'s int4 kernel takes a [n, k] weight: inputs in whole groups;
+    CUDA also needs the tile multiples of `pack_int4` (SmolLM2's 576-wide inputs miss them)."""
     if k % group_size:
         return False
-    if linear.weight.device.type == "cuda":
+    if device_type == "cuda":
         return n % 8 == 0 and k % 128 == 0
     return k % 2 == 0
+
+
+def can_int4(linear: nn.Linear, group_size: int) -> bool:
+    """Whether the int4 kernel of the layer's device takes its shape (`int4_fits`)."""
+    n, k = linear.weight.shape
+    return int4_fits(n, k, group_size, linear.weight.device.type)
 
 
 def _output_head(model: nn.Module) -> nn.Module | None:

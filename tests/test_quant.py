@@ -696,6 +696,39 @@ def test_int4_from_kept_codes_equals_the_dequantized_weights(tiny_gguf: Path) ->
     assert (a.logits - b.logits).norm() < 0.02 * a.logits.norm()  # the head: int8
 
 
+def test_int4_fits_each_device_s_kernel() -> None:
+    from pardec_cli.quant import int4_fits
+
+    assert int4_fits(1536, 576, 32, "cpu")  # SmolLM2's gate/up on the CPU kernel
+    assert not int4_fits(1536, 576, 32, "cuda")  # ... miss CUDA's tiles of 128 inputs
+    assert int4_fits(576, 1536, 32, "cuda")  # its down projection fits them
+    assert not int4_fits(100, 128, 32, "cuda")  # outputs in eights
+    assert not int4_fits(64, 48, 32, "cpu")  # inputs in whole groups
+
+
+def test_kept_q4_codes_the_device_s_int4_kernel_cannot_take_load_dense(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA the tiny GGUF's 64-wide layers miss the kernel's tiles: such a layer is
+    dequantized exactly and kept dense (it failed to load, 'the file is damaged')."""
+    from pardec_cli import quant
+    from pardec_cli.store.gguf_import import import_gguf
+    from pardec_cli.store.loading import load_model
+
+    path = import_gguf(tiny_gguf, "tiny-q")
+    full, _ = load_model(path, dtype="float32", device="cpu", weights="full")
+    monkeypatch.setattr(quant, "int4_fits", lambda n, k, group_size, device_type: n != 32)  # k/v: 32 outputs
+    mixed, _ = load_model(path, dtype="float32", device="cpu", weights="int4")
+    attention = mixed.model.layers[1].self_attn
+    assert isinstance(attention.q_proj, Int4Linear)
+    assert type(attention.k_proj) is torch.nn.Linear
+    assert torch.equal(attention.k_proj.weight, full.model.layers[1].self_attn.k_proj.weight)
+    ids = torch.tensor([random_prompt(3, 10)])
+    with torch.no_grad():
+        a, b = full(ids, output_hidden_states=True), mixed(ids, output_hidden_states=True)
+    assert torch.allclose(a.hidden_states[-1], b.hidden_states[-1], atol=1e-4)
+
+
 # ----------------------------------------------------------------------- the CLI
 
 

@@ -372,10 +372,11 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
     `Q8Records`, and other types (Q5_0, Q6_K, ...) dequantized into Q8_0 groups rather than
     down to 4 bits. `quant.share_products` then gives layers of one input one kind.
     """
+    import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from pardec_cli.quant import Int4Linear, Q8Records, decoder_linears, quantize_linears
+    from pardec_cli.quant import Int4Linear, Q8Records, decoder_linears, int4_fits, quantize_linears
 
     try:
         layout = json.loads((Path(path) / QUANT_FILE).read_text("utf-8"))["tensors"]
@@ -398,6 +399,7 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
     state: dict[str, torch.Tensor] = {}
     prepared: dict[str, nn.Module] = {}
     linears = {name for name, _ in decoder_linears(model)}  # not the embedding, nor the head
+    device_type = torch.device(device).type
     # The stored tensors by the weight they belong to: "a.b.weight.q4_codes" -> "a.b.weight".
     by_weight: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in stored.items():
@@ -412,21 +414,27 @@ def load_quantized_dir(path: Path, config: Any, *, dtype: torch.dtype, device: s
                 prepared[module_name] = layer
                 continue
         if weights == "int4" and kind == "q4" and module_name != "lm_head":
-            layer = None if records is None or str(device).split(":")[0] != "cpu" else _q4_records(parts, records)
+            layer = None if records is None or device_type != "cpu" else _q4_records(parts, records)
             if layer is None:
-                codes, scale, minimum = (t.to(device) for t in q4_codes(parts))
-                layer = Int4Linear.from_codes(codes, scale, minimum, group_size=BLOCK, dtype=dtype)
-            prepared[module_name] = layer
-            continue
+                codes, scale, minimum = q4_codes(parts)
+                if int4_fits(codes.shape[0], codes.shape[1], BLOCK, device_type):
+                    layer = Int4Linear.from_codes(codes.to(device), scale.to(device), minimum.to(device),
+                                                  group_size=BLOCK, dtype=dtype)  # fmt: skip
+            if layer is not None:
+                prepared[module_name] = layer
+                continue
+            # else dequantized below: `quantize_linears` keeps it dense (as any layer the kernel cannot take)
         if weights == "q8q8" and kind == "q8" and module_name in linears:
             q8 = Q8Records.from_codes(parts["q8_codes"], parts["q8_scale"])
             if q8 is not None:
                 prepared[module_name] = q8
                 continue
-        state[name] = dequantize_stored(kind, parts).to(dtype)
+        # On the device already: `quantize_linears` then quantizes (or keeps) each layer by
+        # the rules of the device's kernels, not the CPU's
+        state[name] = dequantize_stored(kind, parts).to(device=device, dtype=dtype)
     for name, tensor in stored.items():
         if name.rsplit(".", 1)[0] not in layout:
-            state[name] = tensor.to(dtype)
+            state[name] = tensor.to(device=device, dtype=dtype)
     # Parameters not in `state` (prepared linears, a tied head) stay on the meta device
     # until tie_weights and quantize_linears fill them.
     model.load_state_dict(state, strict=False, assign=True)
