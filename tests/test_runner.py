@@ -364,6 +364,25 @@ def test_warming_padded_steps_records_every_shape_a_generation_then_runs():
     assert seen and set(seen) <= warmed
 
 
+def test_cuda_recordings_lift_inductor_s_dynamic_shape_warning_and_replays_do_not():
+    """A recording per padded row count and cache capacity is the runner's design, so the
+    calls that may record (a shape's first three: run, record, replay) lift inductor's
+    "too many CUDA graphs" warning, which printed in a GPU bench's output; later calls run
+    as they are."""
+    from torch._inductor import config
+
+    from pardec_cli.engine.runner import quiet_recording
+
+    runner = CompiledLanguageModel(_model(0, True), compile_fn=lambda fn, **kwargs: fn, fixed_shapes=True)
+    assert [runner.records(VERIFY, False, 4, 256) for _ in range(4)] == [True, True, True, False]
+    assert runner.records(VERIFY, False, 4, 512) and runner.records(VERIFY, True, 4, 256)
+    assert runner.records(DECODE, False, 1, 256)
+    limit = config.triton.cudagraph_dynamic_shape_warn_limit
+    with quiet_recording():
+        assert config.triton.cudagraph_dynamic_shape_warn_limit is None
+    assert config.triton.cudagraph_dynamic_shape_warn_limit == limit
+
+
 def test_warming_unpadded_steps_compiles_each_graph_once():
     calls: list[int] = []
 

@@ -117,6 +117,13 @@ WINDOW_ROWS = 64
 #: into it): on an H200 the one-token step 9% faster (SmolLM2-135M 29%), compiling 2.3x longer
 #: (docs/runner.md, "On a GPU").
 CUDA_OPTIONS: dict[str, Any] = {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
+#: A CUDA graph tree runs a new shape's first call plainly, records at the second and replays
+#: from the third.
+RECORDING_CALLS = 3
+#: Inductor warns on stderr once one graph has more than 8 recordings ("dynamic shapes ...
+#: consider padding"): the runner pads already and records one per padded row count and
+#: cache capacity on purpose (a 13-prompt bench made 9), so its recordings lift that limit.
+QUIET_RECORDING: dict[str, Any] = {"triton.cudagraph_dynamic_shape_warn_limit": None}
 
 
 def compile_options(device_type: str) -> dict[str, Any]:
@@ -371,6 +378,8 @@ class CompiledLanguageModel(LanguageModel):
         # minute for a compile in the middle of a short generation).
         self.compile_missing = compile_missing
         self._graphs: dict[tuple[str, bool], GraphState] = {}
+        # (kind, hidden, rows, capacity) -> calls so far, up to RECORDING_CALLS (CUDA)
+        self._shape_calls: dict[tuple[str, bool, int, int], int] = {}
         self.capacity_hint = 0
         # Steps keep to a few shapes (None: on CUDA, where each shape is a recording): verify
         # rows padded to a power of two, attention over the whole buffer.
@@ -571,18 +580,34 @@ class CompiledLanguageModel(LanguageModel):
             return None
         if state.unchecked:
             return self._first_loaded_step(kind, hidden, state, args)
+        recording = False
         if self.device.type == "cuda":
             # The previous step's outputs were consumed (the loop keeps no logits across
             # steps): CUDA graph replays may reuse their memory.
             torch.compiler.cudagraph_mark_step_begin()
+            recording = self.records(kind, hidden, input_ids.shape[-1], cache.capacity)
         try:
-            out = state.compiled(*args)
+            if recording:
+                with quiet_recording():
+                    out = state.compiled(*args)
+            else:
+                out = state.compiled(*args)
         except Exception as exc:
             self._drop(kind, hidden, exc)
             return None
         if state.compile_seconds is None:
             state.compile_seconds = perf_counter() - began
         return out
+
+    def records(self, kind: str, hidden: bool, rows: int, capacity: int) -> bool:
+        """Whether this CUDA step's call may warm up or record a graph: the first
+        `RECORDING_CALLS` of its shape (counted here)."""
+        key = (kind, hidden, rows, capacity)
+        calls = self._shape_calls.get(key, 0)
+        if calls >= RECORDING_CALLS:
+            return False
+        self._shape_calls[key] = calls + 1
+        return True
 
     def _room(self, cache: StaticKVCache, start: int, rows: int, padding: int = 0) -> int:
         """Room in `cache` for `rows` (+ `padding`) inputs at `start` (grown if needed, with
@@ -710,6 +735,17 @@ class CompiledLanguageModel(LanguageModel):
             mark(layer.keys, 2)
             mark(layer.values, 2)
 
+
+
+def quiet_recording() -> Any:
+    """Inductor's configuration while a CUDA graph is recorded: `QUIET_RECORDING` where
+    this torch has that option, as it was elsewhere."""
+    from contextlib import nullcontext
+
+    from torch._inductor import config
+
+    known = all(hasattr(config.triton, key.split(".", 1)[1]) for key in QUIET_RECORDING)
+    return config.patch(QUIET_RECORDING) if known else nullcontext()
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor, exact: bool = True) -> bool:
