@@ -6,6 +6,10 @@ Parts, each independent (a failure is printed and the next part runs):
 - exact: every method's greedy tokens on tiny float32 models, eagerly and through the
   compiled runner (torch.compile, CUDA graphs), against Hugging Face generate() on the
   same device; Medusa and EAGLE heads too;
+- cli: `pardec` itself on the device, each command in its own process (import of a tiny
+  GGUF, bench over every weight mode with each method's match against plain decoding, gen,
+  doctor, serve answering one request), on tiny models over SmolLM2's real tokenizer
+  (`--tokenizer-from`: a model folder with tokenizer files and config.json);
 - loop: where a decoding step's time goes through the loop on the compiled runner
   (SmolLM2-135M's architecture, random bf16 weights, a repetitive prompt so that drafts
   are made): milliseconds per step, the step's graph alone (synchronized), the rest, and
@@ -20,7 +24,7 @@ Parts, each independent (a failure is printed and the next part runs):
 (`VARIANTS`: the runner's own, CUDA graphs alone, with coordinate descent tuning), and
 `--exact-variant` the exact part under one of them.
 
-    python -m devtools.cuda_check [--parts env,exact,loop,curve] [--device cuda] [--json FILE]
+    python -m devtools.cuda_check [--parts env,exact,cli,loop,curve] [--device cuda] [--json FILE]
         [--shapes smollm2-135m,llama3-8b,llama3-8b-8l] [--weights full,int4] [--variants runner,graphs]
 
 Random weights do not change a step's cost; they do change what drafts get accepted,
@@ -269,6 +273,130 @@ def part_loop(device: str, methods: list[str], tokens: int) -> dict[str, Any]:
     return results
 
 
+# ------------------------------------------------------------------ cli
+
+
+def _pardec(args: list[str], env: dict[str, str], timeout: float = 600) -> dict[str, Any]:
+    """One `pardec` command in its own process: exit code, seconds, stdout, stderr's tail,
+    whether stderr holds a traceback."""
+    import subprocess
+
+    t0 = perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pardec_cli", *args], env=env, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"args": args, "rc": None, "seconds": round(perf_counter() - t0, 1), "stdout": "", "stderr": "timed out",
+                "traceback": False}  # fmt: skip
+    return {"args": args, "rc": done.returncode, "seconds": round(perf_counter() - t0, 1), "stdout": done.stdout,
+            "stderr": done.stderr[-1500:], "traceback": "Traceback" in done.stderr}  # fmt: skip
+
+
+def part_cli(device: str, tokenizer_dir: Path, deadline: float) -> dict[str, Any]:
+    """`pardec` itself on the device, as a user runs it, each command in its own process:
+    a GGUF import, bench over every weight mode (each method's match against plain decoding
+    on the same weights), gen's JSON and plain text, doctor, serve answering one request.
+    Tiny models (a peaked Llama over SmolLM2's real tokenizer, the test suite's tiny GGUF)."""
+    import http.client
+    import os
+    import subprocess
+
+    from tests.test_quant import write_tiny_gguf
+    from tests.tiny_models import peaked, save_with_real_tokenizer, tiny_llama
+
+    work = Path(tempfile.mkdtemp(prefix="pardec-cli-"))
+    env = {**os.environ, "PARDEC_HOME": str(work / "home"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    dense = work / "dense"
+    dense.mkdir()
+    save_with_real_tokenizer(lambda v: peaked(tiny_llama(vocab=v, layers=2, hidden=64, max_positions=1024)),
+                             tokenizer_dir, dense)  # fmt: skip
+    write_tiny_gguf(work / "tiny.Q4_1.gguf")
+    prompts = work / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) + "\n" for i, (c, t) in enumerate([
+        ("code", "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\nRewrite both with type hints."),
+        ("chat", "Tell me a short story about a lighthouse keeper and a cat."),
+    ])))  # fmt: skip
+    results: dict[str, Any] = {}
+
+    def record(name: str, run: dict[str, Any]) -> dict[str, Any]:
+        results[name] = run
+        state = "ok" if run["rc"] == 0 and not run["traceback"] else f"rc={run['rc']}{' TRACEBACK' if run['traceback'] else ''}"
+        say(f"  {name:44s} {state:14s} {run['seconds']:6.1f} s")
+        if state != "ok":
+            say("    " + run["stderr"].strip().replace("\n", "\n    ")[-1200:])
+        return run
+
+    record("import tiny GGUF", _pardec(["import", str(work / "tiny.Q4_1.gguf"), "--name", "tinyq", "-q"], env))
+    benches = [
+        ("dense float32 eager", ["-m", str(dense), "--dtype", "float32", "--compile", "off",
+                                 "--methods", "vanilla,pld,suffix,lookahead,recycling,suffix+recycling,auto", "--baseline", "hf"]),
+        ("dense bfloat16", ["-m", str(dense), "--dtype", "bfloat16", "--compile", "off", "--methods", "vanilla,pld,auto"]),
+        ("dense int8", ["-m", str(dense), "--weights", "int8", "--compile", "off", "--methods", "vanilla,pld"]),
+        ("dense int4", ["-m", str(dense), "--weights", "int4", "--compile", "off", "--methods", "vanilla,pld"]),
+        ("gguf auto", ["-m", "tinyq", "--compile", "off", "--methods", "vanilla,pld"]),
+        ("gguf int4", ["-m", "tinyq", "--weights", "int4", "--compile", "off", "--methods", "vanilla,pld"]),
+        ("gguf int8", ["-m", "tinyq", "--weights", "int8", "--compile", "off", "--methods", "vanilla,pld"]),
+        ("gguf q4q8 (CPU kernels)", ["-m", "tinyq", "--weights", "q4q8", "--compile", "off", "--methods", "vanilla"]),
+    ]  # fmt: skip
+    for name, args in benches:
+        if time() > deadline:
+            say(f"  bench {name}: skipped (out of time)")
+            continue
+        out = work / f"{name.replace(' ', '_')}.json"
+        run = record(f"bench {name}", _pardec(["bench", "--device", device, "--prompts", str(prompts), "-n", "48",
+                                               "--rounds", "1", "-q", "--json", str(out), *args], env))  # fmt: skip
+        if out.exists():
+            report = json.loads(out.read_text())
+            run["config"] = report["config"]
+            run["overall"] = {m: {k: row.get(k) for k in ("tokens_per_s", "speedup_vs_vanilla", "mean_tokens_per_step", "match_rate")}
+                              for m, row in report["summary"]["overall"].items()}  # fmt: skip
+            say(f"    {report['config']['device']}: " + "; ".join(
+                f"{m} {r['tokens_per_s']:.0f} tok/s, {r['mean_tokens_per_step']} tok/step, match {r['match_rate']:.0%}"
+                for m, r in run["overall"].items() if r["tokens_per_s"] is not None))  # fmt: skip
+    if time() < deadline:
+        gen = record("gen --json", _pardec(["gen", "--device", device, "-m", str(dense), "-n", "24", "--json",
+                                            "--method", "pld[num_draft=4]", "def f(x):\n    return x"], env))  # fmt: skip
+        if gen["rc"] == 0:
+            reply = json.loads(gen["stdout"])
+            say(f"    {reply['device']} {reply['dtype']} {reply['weights']} runner {reply['runner']} compiled {reply['compiled']}: "
+                f"{reply['stats']['generated_tokens']} tokens, {reply['stats']['mean_tokens_per_step']} a step")  # fmt: skip
+        plain = record("gen (text to stdout)", _pardec(["gen", "--device", device, "-m", "tinyq", "-n", "12", "hello"], env))
+        say(f"    stdout: {plain['stdout'][:200]!r}")
+        doctor = record("doctor --json", _pardec(["doctor", "--device", device, "-m", str(dense), "--json"], env))
+        if doctor["rc"] == 0:
+            facts = json.loads(doctor["stdout"])
+            say(f"    gpus {facts['machine']['gpus']}; device {facts['machine']['device']} {facts['machine']['dtype']}")
+            say(f"    floor {json.dumps(facts.get('floor'))}")
+            say(f"    auto {json.dumps({p: a.get('label') for p, a in facts['model'].get('auto', {}).items()})}")
+    if time() < deadline:  # serve: one chat completion
+        t0 = perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "pardec_cli", "serve", "--device", device, "-m", str(dense),
+                                 "--port", "0", "--compile", "off"], stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        try:
+            line = ""
+            for _ in range(20):  # notices may come first (the cost curve being measured)
+                line = proc.stderr.readline()
+                if "127.0.0.1:" in line or not line:
+                    break
+            port = int(line.split("127.0.0.1:")[1].split("/")[0])
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            body = {"model": str(dense), "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]}
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            answer = json.loads(response.read())
+            results["serve"] = {"status": response.status, "reply": answer, "first_line": line.strip()}
+            say(f"  serve: {line.strip()[:160]}; HTTP {response.status}: {json.dumps(answer)[:300]} ({perf_counter() - t0:.1f} s)")
+        except Exception as exc:
+            results["serve"] = {"error": f"{type(exc).__name__}: {exc}"}
+            say(f"  serve FAILED: {exc}; stderr: {proc.stderr.read()[-1500:] if proc.poll() is not None else ''}")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    failed = [n for n, r in results.items() if isinstance(r, dict) and (r.get("rc") not in (0, None) or r.get("traceback"))]
+    say(f"cli: {len(results)} commands, failed: {failed or 'none'}")
+    return results
+
+
 # ------------------------------------------------------------------ curve
 
 
@@ -374,6 +502,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--budget", type=float, default=420, help="seconds after which no new curve starts")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--tokenizer-from", default=str(Path.home() / ".local/share/pardec/models/smollm2-135m"),
+                        help="a model folder whose tokenizer the cli part's tiny model takes (SmolLM2's)")
     args = parser.parse_args()
     deadline = time() + args.budget
     parts = args.parts.split(",")
@@ -388,6 +518,9 @@ def main() -> None:
         except Exception as exc:
             traceback.print_exc()
             report["exact"] = {"error": str(exc)}
+    if "cli" in parts:
+        say("cli:")
+        report["cli"] = part_cli(args.device, Path(args.tokenizer_from), deadline)
     if "loop" in parts:
         say("loop:")
         report["loop"] = part_loop(args.device, args.methods.split(","), args.tokens)
