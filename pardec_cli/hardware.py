@@ -515,6 +515,19 @@ COPY_TEST_BYTES = 256 << 20  # far beyond any CPU cache, small enough for any ma
 COPY_TEST_REPEATS = 5
 
 
+def synchronize_device(device: Any) -> None:
+    """Wait for the work queued on `device` (a torch.device or its name; nothing to wait for
+    on a CPU). GPU work is asynchronous: a clock read right after a call times its launch,
+    not its work."""
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
 def measure_memory_bandwidth(device: str = "cpu", *, size_bytes: int = COPY_TEST_BYTES,
                              repeats: int = COPY_TEST_REPEATS, kind: str = "copy") -> float:
     """Memory bandwidth of `device` in GB/s, from `repeats` passes over a `size_bytes`
@@ -542,11 +555,8 @@ def measure_memory_bandwidth(device: str = "cpu", *, size_bytes: int = COPY_TEST
     src = buffer().fill_(1.0)  # written once: its pages are really mapped
     dst = buffer() if kind == "copy" else None
 
-    def synchronize() -> None:  # GPU work is asynchronous: time it to its end
-        if src.is_cuda:
-            torch.cuda.synchronize(src.device)
-        elif src.device.type == "mps":
-            torch.mps.synchronize()
+    def synchronize() -> None:
+        synchronize_device(src.device)
 
     def one_pass() -> None:
         if dst is not None:

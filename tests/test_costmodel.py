@@ -68,3 +68,34 @@ def test_estimate_says_width_is_nearly_free_on_amx_and_on_an_h100() -> None:
 
     h100 = describe("cuda:0", "bfloat16", amx.cpu, [GpuInfo(0, "NVIDIA H100 80GB HBM3", 80 << 30, (9, 0))])
     assert estimated_curve(estimate(h100), ModelShape(8_000_000_000, 32), "bfloat16").relative(64) < 1.3
+
+
+def test_the_measured_curve_times_each_forward_to_the_end_of_its_device_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a forward returns once its work is queued: the curve waits for the device
+    before reading the clock each time, or a CUDA-graph replay's launch is all it times
+    (flat: 64 rows as cheap as one, and auto drafted 64-node trees). A fake device: each
+    forward of n rows launches in 0.1 ms and queues n ms of work that a synchronize runs."""
+    from types import SimpleNamespace
+
+    from pardec_cli import hardware
+    from pardec_cli.engine.model import LanguageModel
+    from pardec_cli.tuning import curve as curves
+    from tests.tiny_models import tiny_llama
+
+    clock = {"now": 0.0, "queued": 0.0}
+
+    class Asynchronous(LanguageModel):
+        def forward(self, token_ids, cache, **kwargs):  # type: ignore[no-untyped-def]
+            clock["now"] += 0.1e-3
+            clock["queued"] += len(token_ids) * 1e-3
+            return super().forward(token_ids, cache, **kwargs)
+
+    def synchronize(device: object) -> None:
+        clock["now"], clock["queued"] = clock["now"] + clock["queued"], 0.0
+
+    monkeypatch.setattr(hardware, "synchronize_device", synchronize)
+    monkeypatch.setattr(curves, "time", SimpleNamespace(perf_counter=lambda: clock["now"], strftime=lambda f: "today"))
+    session = SimpleNamespace(target=Asynchronous(tiny_llama(0)))
+    measured = curves.measure_curve(session, list(range(3, 40)), points=(1, 4, 16), repeats=2)
+    assert measured.base_ms == pytest.approx(1.1)
+    assert measured.relative(16) == pytest.approx(16.1 / 1.1)

@@ -370,9 +370,10 @@ def generation_rows(label: str, stream: Any) -> list[tuple[str, Row]]:
 #: 512-bit q4q8 kernel in its VNNI build; 8: its int8 head on codes packed 16 outputs to a
 #: register, `quant.pack_head`; 9: the native step's per-row work on every core, and
 #: attention's queries shared out evenly; 10: q4q8 records prefetched into L2; 11: what
-#: each row costs per 1000 tokens of text, `CostCurve.row_ms_per_1k`): curves measured
+#: each row costs per 1000 tokens of text, `CostCurve.row_ms_per_1k`; 12: GPU steps timed to
+#: the end of their work, not their launch, `hardware.synchronize_device`): curves measured
 #: before are measured again.
-CURVE_VERSION = 11
+CURVE_VERSION = 12
 
 
 def _curve_key(fingerprint: str, hardware: str, step: str) -> str:

@@ -40,6 +40,7 @@ def measure_curve(
     import torch
 
     from pardec_cli.engine.cache import rollback_to
+    from pardec_cli.hardware import synchronize_device
 
     target = session.target
     context = list(context_ids)
@@ -62,8 +63,12 @@ def measure_curve(
                 break
             for n in order:
                 parents = tuple(range(-1, n - 2)) if n > 1 else None
+                # On a GPU the forward returns once launched: each is timed to its end (a
+                # CUDA-graph replay's launch alone read the same for 1 and 64 rows).
+                synchronize_device(target.device)
                 start = time.perf_counter()
                 target.forward(filler[:n], cache, parents=parents)
+                synchronize_device(target.device)
                 elapsed = time.perf_counter() - start
                 rollback_to(cache, len(context))
                 best[n] = min(best.get(n, float("inf")), elapsed * 1000)

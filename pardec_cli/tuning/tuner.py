@@ -160,6 +160,8 @@ class Tuner:
         stale when the machine is busier or quieter than when it was measured."""
         import torch
 
+        from pardec_cli.hardware import synchronize_device
+
         target = self.session.target
         ids = self.session.encode(next(iter(self.prompts.values()))[0].text)[:64]
         best = float("inf")
@@ -167,8 +169,10 @@ class Tuner:
             cache = target.new_cache()
             target.forward(ids, cache, last_only=True)
             for token in ids[:3]:
+                synchronize_device(target.device)  # GPU work: timed to its end, not its launch
                 start = perf_counter()
                 target.forward([token], cache, last_only=True)
+                synchronize_device(target.device)
                 best = min(best, (perf_counter() - start) * 1000)
         return best
 
