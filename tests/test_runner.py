@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import pytest
 import torch
@@ -366,9 +367,9 @@ def test_warming_padded_steps_records_every_shape_a_generation_then_runs():
 
 def test_cuda_recordings_lift_inductor_s_dynamic_shape_warning_and_replays_do_not():
     """A recording per padded row count and cache capacity is the runner's design, so the
-    calls that may record (a shape's first three: run, record, replay) lift inductor's
-    "too many CUDA graphs" warning, which printed in a GPU bench's output; later calls run
-    as they are."""
+    calls that may compile or record (a shape's first three: run, record, replay) lift
+    inductor's "too many CUDA graphs" warning, which printed in a GPU bench's output, and
+    its advice to use TF32 in float32; later calls run as they are."""
     from torch._inductor import config
 
     from pardec_cli.engine.runner import quiet_recording
@@ -378,9 +379,14 @@ def test_cuda_recordings_lift_inductor_s_dynamic_shape_warning_and_replays_do_no
     assert runner.records(VERIFY, False, 4, 512) and runner.records(VERIFY, True, 4, 256)
     assert runner.records(DECODE, False, 1, 256)
     limit = config.triton.cudagraph_dynamic_shape_warn_limit
-    with quiet_recording():
-        assert config.triton.cudagraph_dynamic_shape_warn_limit is None
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with quiet_recording():
+            assert config.triton.cudagraph_dynamic_shape_warn_limit is None
+            warnings.warn("TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled.", stacklevel=1)
+        warnings.warn("anything else", stacklevel=1)
     assert config.triton.cudagraph_dynamic_shape_warn_limit == limit
+    assert [str(w.message) for w in shown] == ["anything else"]
 
 
 def test_warming_unpadded_steps_compiles_each_graph_once():

@@ -47,7 +47,8 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -737,15 +738,20 @@ class CompiledLanguageModel(LanguageModel):
 
 
 
-def quiet_recording() -> Any:
-    """Inductor's configuration while a CUDA graph is recorded: `QUIET_RECORDING` where
-    this torch has that option, as it was elsewhere."""
-    from contextlib import nullcontext
+@contextmanager
+def quiet_recording() -> Iterator[None]:
+    """Around a CUDA step's first calls (compiling, recording): inductor configured with
+    `QUIET_RECORDING` where this torch has that option, and without its advice to compute
+    float32 products in TF32 (it would print in a float32 run, which pardec keeps exact on
+    purpose)."""
+    import warnings
 
     from torch._inductor import config
 
     known = all(hasattr(config.triton, key.split(".", 1)[1]) for key in QUIET_RECORDING)
-    return config.patch(QUIET_RECORDING) if known else nullcontext()
+    with config.patch(QUIET_RECORDING) if known else nullcontext(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
+        yield
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor, exact: bool = True) -> bool:
