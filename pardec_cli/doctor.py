@@ -429,7 +429,8 @@ def floor_report(spec: str | None, hardware: Any, model: dict[str, Any], *, comp
 
     # The weights go on 2 MB pages where the kernel offers them (`hugepages`): the process's
     # memory on such pages is mostly theirs, the bandwidth tests' buffers being freed.
-    report.update(huge_pages=thp_setting(), huge_page_bytes=huge_page_bytes())
+    if hardware.device == "cpu":  # a GPU's weights are in its own memory: pages say nothing there
+        report.update(huge_pages=thp_setting(), huge_page_bytes=huge_page_bytes())
     read = weight_bytes(session.target.model)
     forward = float("inf")
     for _ in range(FLOOR_ROUNDS):  # forwards and read tests alternated: both at the machine's quietest

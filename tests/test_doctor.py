@@ -278,3 +278,19 @@ def test_doctor_names_the_steps_as_the_session_does_with_pardec_s_kernels(monkey
     monkeypatch.setattr(hardware.CpuInfo, "has_amx_bf16", property(lambda self: True))
     assert _kernel_suffix(cpu16, "full", built, avx2=False) == ""  # dense bfloat16 stays on oneDNN's AMX tiles
     assert _kernel_suffix(cpu16, "int8", built, avx2=False) == "+pardec"
+
+
+def test_a_gpu_s_floor_says_nothing_of_the_cpu_s_memory_pages() -> None:
+    """The floor report of a run on an H200 (its numbers), less the page facts a CPU run has:
+    no "pages" line, the rest as on a CPU."""
+    from pardec_cli.cli.doctor import _floor_lines
+
+    floor = {"device": "cuda:0", "bandwidth_gbs": 3061.47, "bandwidth_source": "read test: best of 5 sums over 256 MiB",
+             "copy_gbs": 3793.77, "cache_bytes": 76800, "cache_dtype": "bfloat16", "cache_floor_ms": 0.002,
+             "cache_multiple": 1433.78, "dtype": "bfloat16", "weights": "full", "compiled": False, "runner": "eager",
+             "weight_bytes": 6439616, "floor_ms": 0.002, "forward_ms": 3.052, "context_tokens": 300,
+             "multiple": 1450.88, "copy_floor_ms": 0.002, "copy_multiple": 1797.93}
+    lines = _floor_lines(floor, "tiny")
+    assert not any(line.startswith("  pages") for line in lines)
+    assert lines[2].startswith("  memory        3061.5 GB/s read on cuda:0")
+    assert any(line.startswith("  forward       3.05 ms for one token") for line in lines)

@@ -128,7 +128,8 @@ def _floor_lines(floor: dict[str, Any], name: str) -> list[str]:
         return [*lines, f"  {floor['problem']}"]
     lines.append(f"  weights       {floor['weight_bytes'] / 1e6:.1f} MB read by one forward ({floor['dtype']}, "
                  f"{floor['weights']} weights, {floor['runner']} step)")
-    lines.append(f"  pages         {_pages(floor.get('huge_pages'), floor.get('huge_page_bytes'))}")
+    if "huge_pages" in floor:  # CPU only
+        lines.append(f"  pages         {_pages(floor['huge_pages'], floor.get('huge_page_bytes'))}")
     lines.append(f"  floor         {floor['floor_ms']:.2f} ms per forward (weights / read bandwidth)")
     lines.append(f"  forward       {floor['forward_ms']:.2f} ms for one token over a {floor['context_tokens']}-token "
                  f"context: {floor['multiple']:.2f}x the floor ({floor['copy_multiple']:.2f}x one at the copy test's rate)")
