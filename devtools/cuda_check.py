@@ -353,6 +353,20 @@ def part_cli(device: str, tokenizer_dir: Path, deadline: float) -> dict[str, Any
             say(f"    {report['config']['device']}: " + "; ".join(
                 f"{m} {r['tokens_per_s']:.0f} tok/s, {r['mean_tokens_per_step']} tok/step, match {r['match_rate']:.0%}"
                 for m, r in run["overall"].items() if r["tokens_per_s"] is not None))  # fmt: skip
+    if time() < deadline:  # heads trained on the device, then decoding with them (float32: exact)
+        record("train-heads medusa", _pardec(["train-heads", "--device", device, "-m", str(dense), "--kind", "medusa",
+                                              "--steps", "20", "--heads", "2", "--samples", "4", "--reply-tokens", "16",
+                                              "--dtype", "float32"], env))  # fmt: skip
+        out = work / "medusa.json"
+        run = record("bench medusa", _pardec(["bench", "--device", device, "--prompts", str(prompts), "-n", "32",
+                                              "--rounds", "1", "-q", "--json", str(out), "-m", str(dense), "--dtype",
+                                              "float32", "--compile", "off", "--methods", "vanilla,medusa"], env))  # fmt: skip
+        if out.exists():
+            medusa = json.loads(out.read_text())["summary"]["overall"]["medusa"]
+            run["overall"] = medusa
+            say(f"    medusa: {medusa['mean_tokens_per_step']} tok/step, match {medusa['match_rate']:.0%}")
+        record("tune --budget 1", _pardec(["tune", "--device", device, "-m", str(dense), "--budget", "1", "--methods",
+                                           "pld", "-n", "16", "--compile", "off"], env))  # fmt: skip
     if time() < deadline:
         gen = record("gen --json", _pardec(["gen", "--device", device, "-m", str(dense), "-n", "24", "--json",
                                             "--method", "pld[num_draft=4]", "def f(x):\n    return x"], env))  # fmt: skip
