@@ -555,9 +555,6 @@ def measure_memory_bandwidth(device: str = "cpu", *, size_bytes: int = COPY_TEST
     src = buffer().fill_(1.0)  # written once: its pages are really mapped
     dst = buffer() if kind == "copy" else None
 
-    def synchronize() -> None:
-        synchronize_device(src.device)
-
     def one_pass() -> None:
         if dst is not None:
             dst.copy_(src)
@@ -565,12 +562,12 @@ def measure_memory_bandwidth(device: str = "cpu", *, size_bytes: int = COPY_TEST
             src.sum()
 
     one_pass()  # warm-up: fault in dst's pages, start the threads
-    synchronize()
+    synchronize_device(src.device)
     best = float("inf")
     for _ in range(max(repeats, 1)):
         start = time.perf_counter()
         one_pass()
-        synchronize()
+        synchronize_device(src.device)
         best = min(best, time.perf_counter() - start)
     moved = src.numel() * 4 * (2 if dst is not None else 1)
     return moved / best / 1e9

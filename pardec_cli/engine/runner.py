@@ -588,10 +588,7 @@ class CompiledLanguageModel(LanguageModel):
             torch.compiler.cudagraph_mark_step_begin()
             recording = self.records(kind, hidden, input_ids.shape[-1], cache.capacity)
         try:
-            if recording:
-                with quiet_recording():
-                    out = state.compiled(*args)
-            else:
+            with quiet_recording() if recording else nullcontext():
                 out = state.compiled(*args)
         except Exception as exc:
             self._drop(kind, hidden, exc)

@@ -157,24 +157,12 @@ class Tuner:
 
     def probe_ms(self) -> float:
         """One-token forward time, measured now (about a second): a saved curve's may be
-        stale when the machine is busier or quieter than when it was measured."""
-        import torch
+        stale when the machine is busier or quieter than when it was measured. Timed as the
+        curve is (`measure_curve`: on a GPU, to the end of the work)."""
+        from pardec_cli.tuning.curve import measure_curve
 
-        from pardec_cli.hardware import synchronize_device
-
-        target = self.session.target
         ids = self.session.encode(next(iter(self.prompts.values()))[0].text)[:64]
-        best = float("inf")
-        with torch.inference_mode():
-            cache = target.new_cache()
-            target.forward(ids, cache, last_only=True)
-            for token in ids[:3]:
-                synchronize_device(target.device)  # GPU work: timed to its end, not its launch
-                start = perf_counter()
-                target.forward([token], cache, last_only=True)
-                synchronize_device(target.device)
-                best = min(best, (perf_counter() - start) * 1000)
-        return best
+        return measure_curve(self.session, ids, points=(1,), repeats=3).base_ms
 
     def run_estimate_s(self, base_ms: float) -> float:
         """Seconds one vanilla generation of `max_new_tokens` takes here, roughly."""
