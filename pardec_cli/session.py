@@ -248,11 +248,12 @@ class Session:
         auto = (dtype or "auto").strip().lower() == "auto"
         # A first run converts the embedded model (tens of seconds on one core): the native
         # step's kernels build beside it and are waited for where the step this run would
-        # take instead is eager float32 (no bfloat16 hardware), ten times slower.
+        # take instead is eager float32 (no bfloat16 hardware), ten times slower. bench and
+        # tune always wait: they time the step later runs take, not this run's stand-in.
         early = auto and device == "cpu" and model_spec is None and embedded_pending() and start_native_build()
         if measuring and auto and device == "cpu" and not early:
             early = native_build_pending()
-        wait_s = NATIVE_BUILD_WAIT_S if early and resolve_dtype(dtype, device) == "float32" else 0.0
+        wait_s = NATIVE_BUILD_WAIT_S if early and (measuring or resolve_dtype(dtype, device) == "float32") else 0.0
         # Imported after the build started: transformers' modules take seconds to import.
         from pardec_cli.engine.compile_policy import compile_pays
         from pardec_cli.engine.native import native_reason

@@ -192,7 +192,6 @@ def test_a_first_run_builds_the_native_step_s_kernels_beside_the_conversion_and_
     """The embedded model's first run: the AVX2 build starts before the conversion; where
     the run would otherwise decode eagerly in float32 it waits for the build (with a notice)
     and runs the native step; where the CPU has bfloat16 hardware it does not wait."""
-    from pardec_cli import hardware
     from pardec_cli.home import kernels_dir
     from pardec_cli.session import Session
     from pardec_cli.store import embedded, resolve
@@ -200,10 +199,7 @@ def test_a_first_run_builds_the_native_step_s_kernels_beside_the_conversion_and_
 
     monkeypatch.setenv("PARDEC_KERNELS", "1")
     path = import_gguf(tiny_gguf, "tiny-q")
-    cpu = cpu_info()
-    if bf16_hardware:
-        cpu = hardware.CpuInfo(cpu.model_name, cpu.logical_cores, frozenset(cpu.flags | {"avx512_bf16"}))
-        monkeypatch.setattr(hardware, "cpu_info", lambda: cpu)
+    cpu = with_bf16(monkeypatch, bf16_hardware)
     store = kernels.build_dir(kernels_dir(), kernels.avx2_library(cpu.flags))
     events: list[str] = []
     monkeypatch.setattr(embedded, "embedded_pending", lambda: True)
@@ -229,12 +225,14 @@ def test_a_first_run_builds_the_native_step_s_kernels_beside_the_conversion_and_
         assert events[:3] == ["build", "convert", "wait"] and session.runner == "native"
         assert (session.dtype, session.weights) == ("float32", "q4q8") and "waiting" in notices[0]
 
+@pytest.mark.parametrize("bf16_hardware", [False, True])
 def test_a_measurement_waits_for_the_native_step_s_kernels_a_gen_would_not_wait_for(
-    avx2_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    avx2_dir: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch, bf16_hardware: bool  # noqa: F811
 ) -> None:
     """bench and tune load with `measuring`: where the AVX2 library is not built, its build
     starts and the load waits for it (with a notice), so that they time the native step, not
-    the eager one a first `pardec gen` runs meanwhile (which starts the build and goes on)."""
+    the eager one a first `pardec gen` runs meanwhile (which starts the build and goes on),
+    on a CPU with bfloat16 hardware too (its stand-in is a bfloat16 step)."""
     from pardec_cli.home import kernels_dir
     from pardec_cli.session import Session
     from pardec_cli.store import resolve
@@ -242,7 +240,8 @@ def test_a_measurement_waits_for_the_native_step_s_kernels_a_gen_would_not_wait_
 
     monkeypatch.setenv("PARDEC_KERNELS", "1")
     path = import_gguf(tiny_gguf, "tiny-q")
-    store = kernels.build_dir(kernels_dir(), kernels.avx2_library(cpu_info().flags))
+    cpu = with_bf16(monkeypatch, bf16_hardware)
+    store = kernels.build_dir(kernels_dir(), kernels.avx2_library(cpu.flags))
     events: list[str] = []
     monkeypatch.setattr(kernels, "build_in_background", lambda directory: events.append("build") or directory == store)
     monkeypatch.setattr(resolve, "resolve_model", lambda spec, **kwargs: resolve.ResolvedModel("tiny-q", path, "store"))
@@ -259,6 +258,18 @@ def test_a_measurement_waits_for_the_native_step_s_kernels_a_gen_would_not_wait_
     notices: list[str] = []
     bench = Session.load("tiny-q", compile="auto", notice=notices.append, measuring=True)
     assert events[:2] == ["build", "wait"] and bench.runner == "native" and "waiting" in notices[0]
+
+
+def with_bf16(monkeypatch: pytest.MonkeyPatch, bf16_hardware: bool) -> Any:
+    """Make this CPU one with bfloat16 hardware (avx512_bf16) or one without (no bf16 or AMX
+    flags), its other flags kept (they choose the AVX2 library's build); the CpuInfo."""
+    from pardec_cli import hardware
+
+    cpu = cpu_info()
+    flags = {flag for flag in cpu.flags if "bf16" not in flag and not flag.startswith("amx")}
+    cpu = hardware.CpuInfo(cpu.model_name, cpu.logical_cores, frozenset(flags | ({"avx512_bf16"} if bf16_hardware else set())))
+    monkeypatch.setattr(hardware, "cpu_info", lambda: cpu)
+    return cpu
 
 
 def built_in(directory: Path, avx2_dir: Path) -> None:
@@ -1005,10 +1016,11 @@ def test_auto_runs_a_gguf_s_4_bit_blocks_in_float32_on_the_native_step_once_its_
 ) -> None:
     """--dtype auto weighs whether the native step's kernels are built (`native_blocks`): a
     first load keeps the CPU's dtype and starts their build; a later one runs float32 q4q8."""
+    from pardec_cli import hardware
     from pardec_cli.home import kernels_dir
     from pardec_cli.session import Session
     from pardec_cli.store.gguf_import import import_gguf
-    from pardec_cli.store.loading import native_blocks
+    from pardec_cli.store.loading import native_auto, native_blocks
 
     monkeypatch.setenv("PARDEC_KERNELS", "1")
     path = import_gguf(tiny_gguf, "tiny-q")
@@ -1022,6 +1034,15 @@ def test_auto_runs_a_gguf_s_4_bit_blocks_in_float32_on_the_native_step_once_its_
     assert (session.dtype, session.weights) == ("float32", "q4q8")
     assert session.target.native is not None  # type: ignore[attr-defined]
     assert Session.load("tiny-q", dtype="bfloat16", compile="off").dtype == "bfloat16"  # asked for: kept
+    assert native_auto(path, "q4q8") and native_auto(path, "q8q8")
+    # Weights the native step does not run are eager steps: the CPU's own dtype, bfloat16 where
+    # it has bfloat16 hardware (float32 made `--weights int4` 16x slower on a Zen 5 EPYC).
+    bf16_cpu = hardware.CpuInfo(hardware.cpu_info().model_name, 2, frozenset(hardware.cpu_info().flags | {"avx512_bf16"}))
+    monkeypatch.setattr(hardware, "cpu_info", lambda: bf16_cpu)
+    for weights in ("int4", "int8", "full"):
+        assert not native_auto(path, weights)
+        assert Session.load("tiny-q", weights=weights, compile="off").dtype == "bfloat16"
+    assert Session.load("tiny-q", compile="off").dtype == "float32"
     dense = path.parent / "dense"
     tiny_llama(3, vocab=96, layers=2, hidden=64).save_pretrained(dense)
     assert not native_blocks(dense) and not native_blocks(None)

@@ -411,12 +411,17 @@ def auto_native(stored_blocks: bool, weights: str) -> bool:
     return weights == "auto" and (stored_blocks or not cpu_info().has_amx_bf16)
 
 
+#: The `--weights` a model kept as 4-bit blocks runs on the native step (in float32).
+NATIVE_BLOCK_WEIGHTS = ("auto", "q4q8", "q8q8")
+
+
 def native_auto(path: Path | None, weights: str = "auto", *, start: bool = False, wait_s: float = 0.0,
                 notice: Callable[[str], None] | None = None) -> bool:
     """Whether `--dtype auto` loads the model in `path` in float32 for the native step
-    (`hardware.resolve_dtype`'s `blocks4`): it is kept as GGUF 4-bit blocks (`native_blocks`),
-    or it is dense, `weights` is auto and auto's q8q8 runs here (`auto_native`), and pardec's
-    AVX2 kernels are built. With `start`, a store without them starts their build in the
+    (`hardware.resolve_dtype`'s `blocks4`): it is kept as GGUF 4-bit blocks (`native_blocks`)
+    and `weights` is one the native step runs (`NATIVE_BLOCK_WEIGHTS`), or it is dense,
+    `weights` is auto and auto's q8q8 runs here (`auto_native`), and pardec's AVX2 kernels
+    are built. With `start`, a store without them starts their build in the
     background for later loads (this one keeps its dtype); with `wait_s`, a build already
     running is waited for that long first (saying so to `notice`)."""
     from pardec_cli.store.quantized import is_quantized_dir
@@ -424,7 +429,9 @@ def native_auto(path: Path | None, weights: str = "auto", *, start: bool = False
     if path is None:
         return False
     if is_quantized_dir(path):
-        return native_blocks(path, start=start, wait_s=wait_s, notice=notice)
+        # Weights the native step does not run (int4, int8, full) are eager steps: float32
+        # makes those 3-16x slower than bfloat16 where the CPU has it (docs/weights.md).
+        return weights in NATIVE_BLOCK_WEIGHTS and native_blocks(path, start=start, wait_s=wait_s, notice=notice)
     return auto_native(False, weights) and _avx2_kernels(blocks4=True, start=start, wait_s=wait_s, notice=notice)
 
 
