@@ -211,13 +211,11 @@ def auto_report(spec: str | None, hardware: Any, *, weights: str = "auto") -> di
     report["notes"] = list(notes)
     # What `pardec gen --weights WEIGHTS` of a short reply runs: eager steps, or the native
     # step where the model is one it takes (`engine.native`; known for sure once loaded).
-    from pardec_cli.store.loading import auto_native
-    from pardec_cli.store.quantized import is_quantized_dir, stored_kind
+    from pardec_cli.store.quantized import stored_kind
     from pardec_cli.weight_modes import ROUNDED_ACTIVATIONS, resolve_weights
 
     kernels_now = int4_kernels_report()  # auto's q4q8 and q8q8 in float32 need the AVX2 kernels built
-    wanted = kernels_now["blocks4"] if auto_native(is_quantized_dir(path), weights) else kernels_now["float32"]
-    avx2 = (hardware.device == "cpu" and hardware.dtype == "float32" and kernels_now["enabled"] and wanted
+    avx2 = (hardware.device == "cpu" and hardware.dtype == "float32" and kernels_now["enabled"] and kernels_now["float32"]
             and kernels_now["avx2_status"] == "built")  # fmt: skip
     held = resolve_weights(weights, dtype=hardware.dtype, device=hardware.device, stored=stored_kind(path),
                            avx2=avx2)  # fmt: skip
@@ -298,7 +296,7 @@ def int4_kernels_report() -> dict[str, Any]:
     avx2 = kernels.build_dir(kernels_dir(), kernels.avx2_library(flags))
     return {"dir": str(directory), "status": kernels.status(directory), "enabled": kernels.enabled(),
             "bfloat16": kernels.cpu_supported(flags, "bfloat16"), "int8": kernels.cpu_supported(flags, "int8"),
-            "float32": kernels.avx2_wanted(flags), "blocks4": kernels.avx2_wanted(flags, blocks4=True),
+            "float32": kernels.avx2_runs(flags),
             "avx2_dir": str(avx2), "avx2_status": kernels.status(avx2)}
 
 

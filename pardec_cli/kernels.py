@@ -121,7 +121,9 @@ def cpu_supported(flags: frozenset[str] | set[str], activations: str) -> bool:
 
 
 def avx2_runs(flags: frozenset[str] | set[str]) -> bool:
-    """Whether a CPU with these flags runs the `AVX2` library (AVX2, FMA and F16C)."""
+    """Whether a CPU with these flags runs the `AVX2` library (AVX2, FMA and F16C), and so
+    whether float32 layers go to it: its products beat torch's on AVX512 CPUs too (q4q8 in
+    the native step; dense 1.6-2.0x and int8 4-24x at 1-32 rows on a Zen 5, docs/weights.md)."""
     return all(flag in flags for flag in AVX2_FLAGS)
 
 
@@ -129,20 +131,6 @@ def avx2_library(flags: frozenset[str] | set[str]) -> Library:
     """The build of the `AVX2` library for a CPU with these flags: `AVX2_VNNI` where it has
     AVX512-VNNI, VL and BW (its q4q8 and head products in fewer instructions), else `AVX2`."""
     return AVX2_VNNI if all(flag in flags for flag in AVX2_VNNI_FLAGS) else AVX2
-
-
-def avx2_wanted(flags: frozenset[str] | set[str], *, blocks4: bool = False) -> bool:
-    """Whether float32 layers go to the `AVX2` library on a CPU with these flags: it runs
-    it (`avx2_runs`), and either they are a model's 4-bit blocks (`blocks4`: q4q8 in the
-    native step, faster than any AVX512 path measured) or torch's kernels run at AVX2 (the
-    CPU lacks AVX512F, or ``ATEN_CPU_CAPABILITY`` caps them there): dense and int8 layers
-    were measured only there (docs/runner.md)."""
-    if not avx2_runs(flags):
-        return False
-    if blocks4:
-        return True
-    capped = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    return "avx512f" not in flags or capped == "avx2"
 
 
 def torch_version() -> str:

@@ -780,7 +780,7 @@ def test_q4q8_loads_on_the_avx2_library_where_avx512_vnni_is_missing(
     from pardec_cli.store.loading import load_model
 
     monkeypatch.setattr(kernels, "cpu_supported", lambda flags, activations: False)  # no AVX512-VNNI
-    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags, blocks4=False: True)
+    monkeypatch.setattr(kernels, "avx2_runs", lambda flags: True)
     path = import_gguf(tiny_gguf, "tiny-q")
     built: list[Path] = []
     monkeypatch.setattr(kernels, "build", lambda directory: built.append(directory))
@@ -1058,7 +1058,7 @@ def test_float32_loads_take_the_avx2_kernels_once_built_in_the_store(
     from pardec_cli.store.loading import load_model
 
     monkeypatch.setenv("PARDEC_KERNELS", "1")
-    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags, blocks4=False: True)
+    monkeypatch.setattr(kernels, "avx2_runs", lambda flags: True)
     path = import_gguf(tiny_gguf, "tiny-q")
     started: list[Path] = []
     monkeypatch.setattr(kernels, "build_in_background", lambda directory: started.append(directory) or True)
@@ -1078,32 +1078,21 @@ def test_float32_loads_take_the_avx2_kernels_once_built_in_the_store(
     for dtype, weights_ in (("bfloat16", "full"), ("float32", "int4")):
         model, _ = load_model(path, dtype=dtype, device="cpu", weights=weights_)
         assert not any(isinstance(m, (F32Linear, Int8F32)) for m in model.modules()), (dtype, weights_)
-    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags, blocks4=False: False)
+    monkeypatch.setattr(kernels, "avx2_runs", lambda flags: False)
     model, _ = load_model(path, dtype="float32", device="cpu", weights="full")
     assert not any(isinstance(m, F32Linear) for m in model.modules())
-    monkeypatch.setattr(kernels, "avx2_wanted", lambda flags, blocks4=False: True)
+    monkeypatch.setattr(kernels, "avx2_runs", lambda flags: True)
     monkeypatch.setenv("PARDEC_KERNELS", "0")
     model, _ = load_model(path, dtype="float32", device="cpu", weights="full")
     assert not any(isinstance(m, F32Linear) for m in model.modules())
 
 
-def test_only_a_cpu_whose_torch_runs_avx2_wants_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    assert kernels.avx2_wanted({"avx2", "fma", "f16c"})
-    assert not kernels.avx2_wanted({"avx2"}) and not kernels.avx2_wanted({"fma"})
-    assert not kernels.avx2_wanted({"avx2", "fma"})  # q4q8_mm reads float16 scales (F16C)
-    assert not kernels.avx2_wanted({"avx2", "fma", "f16c", "avx512f"})  # measured only where torch runs AVX2
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert kernels.avx2_wanted({"avx2", "fma", "f16c", "avx512f"})
-
-
-def test_a_gguf_s_4_bit_blocks_want_the_avx2_library_even_beside_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
-    # q4q8 in the native step beat every AVX512 path measured (docs/runner.md); dense and
-    # int8 float32 layers stay on torch's AVX512 kernels there.
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    avx512 = {"avx2", "fma", "f16c", "avx512f"}
-    assert kernels.avx2_wanted(avx512, blocks4=True) and not kernels.avx2_wanted(avx512)
-    assert not kernels.avx2_wanted({"avx2", "fma"}, blocks4=True)
+def test_every_cpu_with_avx2_fma_and_f16c_runs_the_avx2_library_avx512_ones_too() -> None:
+    # On AVX512 too: q4q8 on the native step, and dense and int8 float32 layers (1.6-2.0x and
+    # 4-24x torch's AVX512 products at 1-32 rows on a Zen 5, docs/weights.md).
+    assert kernels.avx2_runs({"avx2", "fma", "f16c"}) and kernels.avx2_runs({"avx2", "fma", "f16c", "avx512f"})
+    assert not kernels.avx2_runs({"avx2"}) and not kernels.avx2_runs({"fma"})
+    assert not kernels.avx2_runs({"avx2", "fma"})  # q4q8_mm reads float16 scales (F16C)
 
 
 def test_a_cpu_with_avx512_vnni_gets_the_vnni_build(tmp_path: Path) -> None:
@@ -1166,15 +1155,15 @@ def test_doctor_says_whether_the_avx2_kernels_run_here() -> None:
     from pardec_cli.cli.doctor import _kernels_lines
 
     base = {"dir": "/k/int4-abc", "status": "not built", "enabled": True, "bfloat16": False, "int8": False,
-            "float32": True, "blocks4": True, "avx2_dir": "/k/avx2-def", "avx2_status": "built"}  # fmt: skip
+            "float32": True, "avx2_dir": "/k/avx2-def", "avx2_status": "built"}  # fmt: skip
     assert _kernels_lines(base) == ["pardec's, built in /k/avx2-def: full, int8, q4q8 and q8q8 weights in float32"]
     assert "first load in float32" in _kernels_lines({**base, "avx2_status": "not built"})[0]
     assert "PARDEC_KERNELS=0" in _kernels_lines({**base, "enabled": False})[0]
-    assert "lacks AVX2" in _kernels_lines({**base, "float32": False, "blocks4": False})[0]
-    # An AVX512 CPU runs both libraries: bfloat16 on one, a GGUF's 4-bit blocks on the other.
-    both = _kernels_lines({**base, "bfloat16": True, "int8": True, "float32": False, "status": "built"})
+    assert "lacks AVX2" in _kernels_lines({**base, "float32": False})[0]
+    # An AVX512 CPU runs both libraries: bfloat16 on one, float32 on the other.
+    both = _kernels_lines({**base, "bfloat16": True, "int8": True, "status": "built"})
     assert both == ["pardec's, built in /k/int4-abc: int4, int8 and full weights in bfloat16, --weights q4q8 in bfloat16",
-                    "pardec's, built in /k/avx2-def: GGUF and dense models in float32 (q4q8 and q8q8, the native step)"]
+                    "pardec's, built in /k/avx2-def: full, int8, q4q8 and q8q8 weights in float32"]
 
 
 @pytest.mark.parametrize(("weights", "op_name"), [("full", "f32_mm"), ("int8", "q8f32_mm")])

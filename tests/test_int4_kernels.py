@@ -710,7 +710,7 @@ def test_doctor_says_which_int4_kernels_run_and_why() -> None:
 
     def line(**k: object) -> str:
         return _kernels_lines({"dir": "/home/k/int4-abc", "enabled": True, "bfloat16": True, "int8": True,
-                               "float32": False, "blocks4": False, **k})[0]  # fmt: skip
+                               "float32": False, **k})[0]  # fmt: skip
 
     assert line(status="built").startswith("pardec's, built in /home/k/int4-abc")
     assert "in the background" in line(status="not built")

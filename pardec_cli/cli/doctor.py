@@ -178,10 +178,9 @@ def _kernels_lines(k: dict[str, Any]) -> list[str]:
     uses = ", ".join(what for name, what in (("bfloat16", "int4, int8 and full weights in bfloat16"), ("int8", "--weights q4q8 in bfloat16")) if k[name])
     if uses:
         lines.append(_library_line(uses, k["status"], k["dir"], "in bfloat16", k["enabled"]))
-    avx2 = "full, int8, q4q8 and q8q8 weights in float32" if k.get("float32") else \
-        "GGUF and dense models in float32 (q4q8 and q8q8, the native step)" if k.get("blocks4") else ""
-    if avx2:
-        lines.append(_library_line(avx2, k["avx2_status"], k["avx2_dir"], "in float32", k["enabled"]))
+    if k.get("float32"):
+        lines.append(_library_line("full, int8, q4q8 and q8q8 weights in float32", k["avx2_status"], k["avx2_dir"],
+                                   "in float32", k["enabled"]))
     return lines or ["torch's (this CPU lacks AVX2, FMA and F16C for pardec's)"]
 
 

@@ -211,8 +211,7 @@ def load_model(
     # built (`_avx2_kernels` starts their build otherwise: this run keeps torch's), and auto
     # may then pick q4q8 for 4-bit blocks and q8q8 for dense layers (`auto_native`).
     float32_cpu = device == "cpu" and dtype == "float32"
-    avx2_ready = float32_cpu and weights in ("auto", "full", "int8") and _avx2_kernels(
-        blocks4=auto_native(stored_blocks, weights))
+    avx2_ready = float32_cpu and weights in ("auto", "full", "int8") and _avx2_kernels()
     mode = resolve_weights(weights, dtype=dtype, device=device, stored=stored_kind(path), avx2=avx2_ready)
     q4q8, q8q8 = mode == "q4q8", mode == "q8q8"
     if q4q8:  # int4 codes, on pardec's kernel with int8 activations (`_own_kernels`)
@@ -432,7 +431,7 @@ def native_auto(path: Path | None, weights: str = "auto", *, start: bool = False
         # Weights the native step does not run (int4, int8, full) are eager steps: float32
         # makes those 3-16x slower than bfloat16 where the CPU has it (docs/weights.md).
         return weights in NATIVE_BLOCK_WEIGHTS and native_blocks(path, start=start, wait_s=wait_s, notice=notice)
-    return auto_native(False, weights) and _avx2_kernels(blocks4=True, start=start, wait_s=wait_s, notice=notice)
+    return auto_native(False, weights) and _avx2_kernels(start=start, wait_s=wait_s, notice=notice)
 
 
 def native_blocks(path: Path | None, *, start: bool = False, wait_s: float = 0.0,
@@ -444,8 +443,7 @@ def native_blocks(path: Path | None, *, start: bool = False, wait_s: float = 0.0
     after waiting up to `wait_s` for a build already running (see `_avx2_kernels`)."""
     from pardec_cli.store.quantized import is_quantized_dir
 
-    return path is not None and is_quantized_dir(path) and _avx2_kernels(blocks4=True, start=start, wait_s=wait_s,
-                                                                          notice=notice)  # fmt: skip
+    return path is not None and is_quantized_dir(path) and _avx2_kernels(start=start, wait_s=wait_s, notice=notice)
 
 
 #: How long a first run that started the AVX2 build before converting the embedded model
@@ -460,7 +458,7 @@ def start_native_build() -> bool:
     it before converting the embedded model, so that the two share the time."""
     from pardec_cli import kernels
 
-    directory = _avx2_dir(blocks4=True)
+    directory = _avx2_dir()
     return directory is not None and kernels.build_in_background(directory)
 
 
@@ -469,35 +467,33 @@ def native_build_pending() -> bool:
     build running, or one started now where it is not built (`start_native_build`)."""
     from pardec_cli import kernels
 
-    directory = _avx2_dir(blocks4=True)
+    directory = _avx2_dir()
     return directory is not None and (kernels.build_in_background(directory) or kernels.status(directory) == "building")
 
 
-def _avx2_dir(*, blocks4: bool) -> Path | None:
-    """The store's build directory of pardec's AVX2 library for this CPU, where float32
-    layers go to it (`kernels.avx2_wanted`; `blocks4`: a model's 4-bit blocks with auto's
-    weights) and `PARDEC_KERNELS` allows it; else None."""
+def _avx2_dir() -> Path | None:
+    """The store's build directory of pardec's AVX2 library for this CPU, where it runs
+    (`kernels.avx2_runs`: float32 layers go to it) and `PARDEC_KERNELS` allows it; else
+    None."""
     from pardec_cli import kernels
     from pardec_cli.hardware import cpu_info
     from pardec_cli.home import kernels_dir
 
     flags = cpu_info().flags
-    if not kernels.enabled() or not kernels.avx2_wanted(flags, blocks4=blocks4):
+    if not kernels.enabled() or not kernels.avx2_runs(flags):
         return None
     return kernels.build_dir(kernels_dir(), kernels.avx2_library(flags))
 
 
-def _avx2_kernels(*, blocks4: bool, start: bool = True, wait_s: float = 0.0,
-                  notice: Callable[[str], None] | None = None) -> bool:
+def _avx2_kernels(*, start: bool = True, wait_s: float = 0.0, notice: Callable[[str], None] | None = None) -> bool:
     """Whether float32 layers go to pardec's AVX2 kernels in this load (`kernels.AVX2`):
-    where this CPU wants them (`kernels.avx2_wanted`; `blocks4`: a model's 4-bit blocks
-    with auto's weights) and they are built in the store, loaded then; with `start`, a
-    first load starts their build in the background and keeps torch's kernels meanwhile,
-    after waiting up to `wait_s` for one that is running (without `start`, nothing is
-    loaded or started: `pardec doctor` asks)."""
+    where this CPU runs them (`kernels.avx2_runs`) and they are built in the store, loaded
+    then; with `start`, a first load starts their build in the background and keeps torch's
+    kernels meanwhile, after waiting up to `wait_s` for one that is running (without
+    `start`, nothing is loaded or started: `pardec doctor` asks)."""
     from pardec_cli import kernels
 
-    directory = _avx2_dir(blocks4=blocks4)
+    directory = _avx2_dir()
     if directory is None:
         return False
     if not start:
