@@ -1109,8 +1109,9 @@ def test_a_cpu_with_avx512_vnni_gets_the_vnni_build(tmp_path: Path) -> None:
 def test_the_vnni_build_gives_the_same_bits_as_the_avx2_one(avx2_dir: Path, tmp_path: Path) -> None:
     """VPDPBUSD sums a lane's 4 byte products exactly, as VPMADDUBSW + VPMADDWD do, and the
     512-bit kernels do per lane what the 256-bit ones do: q4q8 and the int8 head (9 rows: a
-    tile of 8 and one more against tiles of 4) give the same bits from either build
-    (the other build runs in a process of its own: both register pardec_avx2)."""
+    tile of 8 and one more against tiles of 4), and attention (head sizes 64, 128 and 48,
+    float16 and float32 caches) give the same bits from either build (the other build runs
+    in a process of its own: both register pardec_avx2)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(9, 256, generator=g)
     blocks = torch.randint(0, 256, (4, 8, 320), dtype=torch.uint8, generator=g)
@@ -1119,10 +1120,16 @@ def test_the_vnni_build_gives_the_same_bits_as_the_avx2_one(avx2_dir: Path, tmp_
     q[:, :5] = -128  # VPDPBUSD's unsigned q + 128 and VPMADDUBSW's |q| (128 as a byte) both take it
     q = quant.pack_head(q)
     scales = torch.rand(48, generator=g)
-    ours = (torch.ops.pardec_avx2.q4q8_mm(x, blocks, 64), torch.ops.pardec_avx2.q8q8_mm(x, q, scales))
-    theirs = on_the_plain_build(tmp_path, {"x": x, "blocks": blocks, "q": q, "scales": scales},
-                                "(ops.q4q8_mm(i['x'], i['blocks'], 64), ops.q8q8_mm(i['x'], i['q'], i['scales']))")  # fmt: skip
-    assert torch.isfinite(ours[0]).all() and torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    inputs = {"x": x, "blocks": blocks, "q": q, "scales": scales}
+    expressions = ["ops.q4q8_mm(i['x'], i['blocks'], 64)", "ops.q8q8_mm(i['x'], i['q'], i['scales'])"]
+    for n, (heads, kv_heads, dim, dtype) in enumerate([(9, 3, 64, torch.half), (9, 3, 64, torch.float),
+                                                       (8, 2, 128, torch.half), (2, 1, 48, torch.float)]):  # fmt: skip
+        query, cache_k, cache_v, mask = float32_attention_inputs(5, heads, kv_heads, dim, width=37)
+        inputs |= {f"q{n}": query, f"k{n}": cache_k.to(dtype), f"v{n}": cache_v.to(dtype), f"m{n}": mask}
+        expressions.append(f"ops.attention(i['q{n}'], i['k{n}'][:, :, :37], i['v{n}'][:, :, :37], i['m{n}'], {dim**-0.5})")
+    ours = [eval(e, {"i": inputs, "ops": torch.ops.pardec_avx2}) for e in expressions]
+    theirs = on_the_plain_build(tmp_path, inputs, f"[{', '.join(expressions)}]")
+    assert all(torch.isfinite(o).all() and torch.equal(o, t) for o, t in zip(ours, theirs, strict=True))
 
 
 def on_the_plain_build(tmp_path: Path, inputs: dict[str, torch.Tensor], expression: str) -> Any:
