@@ -483,9 +483,9 @@ def resolve_dtype(requested: str, device: str, *, cpu: CpuInfo | None = None, bl
     """Turn a ``--dtype`` value into "float32", "bfloat16" or "float16".
 
     "auto" means: on CUDA, bfloat16 where the GPU supports it, else float16; on MPS,
-    float16; on CPU, float32 when `blocks4` says the model is kept as GGUF 4-bit blocks
-    and pardec's AVX2 kernels are ready to run them (q4q8 in the native step:
-    `store.loading.native_blocks`), else bfloat16 only when the CPU does bf16 in hardware
+    float16; on CPU, float32 when `blocks4` says the native step will run the model
+    (`store.loading.native_auto`: q4q8 or q8q8, asked for or auto's, and pardec's AVX2
+    kernels built), else bfloat16 only when the CPU does bf16 in hardware
     (AMX-bf16 or AVX512-bf16), else float32. `cpu` replaces this machine's CPU (for tests).
     Greedy output is bit-exact against plain decoding only in float32.
     """

@@ -260,9 +260,8 @@ class Session:
         from pardec_cli.engine.runner import GRAPH_KINDS, CompiledLanguageModel, step_file
         resolved = resolve_model(model_spec, offline=offline, progress=progress)
         # auto: float32 where the native step runs the model (a GGUF's 4-bit blocks, auto's
-        # q8q8 of dense layers) once its kernels are built here, and for q8q8 asked for
-        native = auto and device == "cpu" and (
-            weights == "q8q8" or native_auto(resolved.path, weights, start=True, wait_s=wait_s, notice=notice))
+        # q8q8 of dense layers) once its kernels are built here, and for q4q8 and q8q8 asked for
+        native = auto and device == "cpu" and native_auto(resolved.path, weights, start=True, wait_s=wait_s, notice=notice)
         dtype = resolve_dtype(dtype, device, blocks4=native)
         model, tokenizer = load_model(resolved.path, dtype=dtype, device=device, weights=weights, notice=notice)
         # auto: compile for long-lived sessions and long work; for shorter work only when an

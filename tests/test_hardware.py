@@ -121,7 +121,7 @@ def test_auto_dtype_on_cpu_follows_bf16_hardware(flags: tuple[str, ...], expecte
 
 @pytest.mark.parametrize("flags", [("avx2", "avx512f", "amx_bf16"), ("avx2", "avx512f", "avx512_bf16"), ("avx2",)])
 def test_auto_dtype_runs_a_gguf_s_4_bit_blocks_in_float32_where_the_native_step_is_ready(flags: tuple[str, ...]) -> None:
-    # blocks4 (store.loading.native_blocks): q4q8 in float32 on pardec's AVX2 kernels beat
+    # blocks4 (store.loading.native_auto): q4q8 in float32 on pardec's AVX2 kernels beat
     # bfloat16's int4 even with AVX512-BF16; a GPU keeps its 16-bit dtype.
     assert resolve_dtype("auto", "cpu", cpu=cpu(*flags), blocks4=True) == "float32"
     assert resolve_dtype("bfloat16", "cpu", cpu=cpu(*flags), blocks4=True) == "bfloat16"  # asked for: kept

@@ -410,40 +410,32 @@ def auto_native(stored_blocks: bool, weights: str) -> bool:
     return weights == "auto" and (stored_blocks or not cpu_info().has_amx_bf16)
 
 
-#: The `--weights` a model kept as 4-bit blocks runs on the native step (in float32).
-NATIVE_BLOCK_WEIGHTS = ("auto", "q4q8", "q8q8")
+#: The `--weights` asked for that the native step runs, in float32, on any model.
+NATIVE_WEIGHTS = ("q4q8", "q8q8")
 
 
 def native_auto(path: Path | None, weights: str = "auto", *, start: bool = False, wait_s: float = 0.0,
                 notice: Callable[[str], None] | None = None) -> bool:
     """Whether `--dtype auto` loads the model in `path` in float32 for the native step
-    (`hardware.resolve_dtype`'s `blocks4`): it is kept as GGUF 4-bit blocks (`native_blocks`)
-    and `weights` is one the native step runs (`NATIVE_BLOCK_WEIGHTS`), or it is dense,
-    `weights` is auto and auto's q8q8 runs here (`auto_native`), and pardec's AVX2 kernels
-    are built. With `start`, a store without them starts their build in the
-    background for later loads (this one keeps its dtype); with `wait_s`, a build already
-    running is waited for that long first (saying so to `notice`)."""
+    (`hardware.resolve_dtype`'s `blocks4`): `weights` is one the native step runs
+    (`NATIVE_WEIGHTS`: wherever pardec's AVX2 library runs, the load builds it now if need
+    be), or auto's choice for how the model is stored runs there (`auto_native`: a GGUF's
+    4-bit blocks, or q8q8 of dense layers) and pardec's AVX2 kernels are built. With
+    `start`, a store without them starts their build in the background for later loads
+    (this one keeps its dtype); with `wait_s`, a build already running is waited for that
+    long first (saying so to `notice`)."""
+    from pardec_cli import kernels
+    from pardec_cli.hardware import cpu_info
     from pardec_cli.store.quantized import is_quantized_dir
 
     if path is None:
         return False
-    if is_quantized_dir(path):
-        # Weights the native step does not run (int4, int8, full) are eager steps: float32
-        # makes those 3-16x slower than bfloat16 where the CPU has it (docs/weights.md).
-        return weights in NATIVE_BLOCK_WEIGHTS and native_blocks(path, start=start, wait_s=wait_s, notice=notice)
-    return auto_native(False, weights) and _avx2_kernels(start=start, wait_s=wait_s, notice=notice)
-
-
-def native_blocks(path: Path | None, *, start: bool = False, wait_s: float = 0.0,
-                  notice: Callable[[str], None] | None = None) -> bool:
-    """Whether the model in `path` is kept as GGUF 4-bit blocks and pardec's AVX2 kernels,
-    which run those as q4q8 in float32 (the native step), are built here: what `--dtype
-    auto` weighs (`hardware.resolve_dtype`'s `blocks4`). With `start`, a store without
-    them starts their build in the background for later loads (this one keeps its dtype),
-    after waiting up to `wait_s` for a build already running (see `_avx2_kernels`)."""
-    from pardec_cli.store.quantized import is_quantized_dir
-
-    return path is not None and is_quantized_dir(path) and _avx2_kernels(start=start, wait_s=wait_s, notice=notice)
+    # q4q8 and q8q8 asked for: 3.8x faster on the native step in float32 than in bfloat16;
+    # int4, int8 and full weights are eager steps, which float32 makes 3-16x slower than
+    # bfloat16 where the CPU has it (a Zen 5 EPYC, docs/weights.md).
+    if weights in NATIVE_WEIGHTS:
+        return kernels.avx2_runs(cpu_info().flags)
+    return auto_native(is_quantized_dir(path), weights) and _avx2_kernels(start=start, wait_s=wait_s, notice=notice)
 
 
 #: How long a first run that started the AVX2 build before converting the embedded model
