@@ -366,6 +366,29 @@ def test_a_quick_tune_on_a_slow_machine_measures_less_rather_than_refuse(tiny_cl
     assert refused.exit_code != 0 and "too small to measure anything here" in refused.stderr
 
 
+def test_a_tune_on_a_quick_machine_lengthens_its_runs_unless_told_how_long(tiny_cli_model: Path, few_prompts: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from pardec_cli.tuning.tuner import MAX_RUN_TOKENS, Tuner
+
+    # One forward "takes" 1 ms: 64-token runs would be over in a tenth of a second, where
+    # prompt lookup has had little of the reply to copy from.
+    monkeypatch.setattr(Tuner, "probe_ms", lambda self: 1.0)
+    args = ["tune", "-m", str(tiny_cli_model), "--dtype", "float32", "--compile", "off", "-P", "code", "--methods", "pld",
+            "--prompts", str(few_prompts), "--budget", "0.3"]
+    result = invoke(args)
+    assert result.exit_code == 0, result.stderr
+    assert f"plain decoding is quick here: {MAX_RUN_TOKENS} tokens a run" in result.stderr
+    [results] = all_results()
+    assert results.profiles["code"].max_new_tokens == MAX_RUN_TOKENS
+    again = invoke(args)  # resumes at the same length instead of starting over
+    assert again.exit_code == 0, again.stderr
+    assert "token count changed" not in again.stderr
+    assert all_results()[0].profiles["code"].max_new_tokens == MAX_RUN_TOKENS
+    told = invoke([*args, "-n", "48", "-P", "chat"])  # a token count given is kept
+    assert told.exit_code == 0, told.stderr
+    assert "quick here" not in told.stderr and all_results()[0].profiles["chat"].max_new_tokens == 48
+
+
 def test_results_for_another_device_are_never_applied(tiny_cli_model: Path) -> None:
     from pardec_cli.selection.tuned import fingerprint_directory
 

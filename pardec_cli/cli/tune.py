@@ -42,7 +42,8 @@ class ProfileOrAll(click.ParamType):
               "sets; with several profiles each prompt goes to its detected profile.")
 @click.option("--methods", "methods_text", default="", metavar="LIST", help="Only these methods (comma-separated names).")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=8), default=None,
-              help="Tokens generated per measured run.  [default: 64; 96 with --thorough]")
+              help="Tokens generated per measured run.  [default: 64, 96 with --thorough; doubled up to 256 where "
+              "plain decoding of a run takes under half a second]")
 @click.option("--show", is_flag=True, help="Print the saved results (all models) and exit; on a terminal also draw each cost curve and the speed-ups per profile.")
 @click.option("--reset", is_flag=True, help="Remove MODEL's saved results (every device and dtype) and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --show: print the results as JSON.")
@@ -87,10 +88,11 @@ def tune(model: str | None, dtype: str, weights: str, device: str, offline: bool
         return
     if budget is None:
         budget = 10.0 if thorough else 3.0
+    lengthen = max_tokens is None  # not given: longer runs where plain decoding is quick (`tuner.RUN_TARGET_S`)
     if max_tokens is None:
         max_tokens = 96 if thorough else 64
     run_tune(model, dtype, device, offline, profile, budget, prompts_file, methods_text, max_tokens, weights, compile,
-             thorough=thorough)
+             thorough=thorough, lengthen=lengthen)
 
 
 def _model_key(model: str | None, device: str, dtype: str) -> tuple[str, str | None, str, str]:
@@ -168,7 +170,7 @@ def reset_results(model: str | None) -> None:
 
 def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, profile: str, budget: float,
              prompts_file: Path | None, methods_text: str, max_tokens: int, weights: str = "auto",
-             compile: str = "auto", *, thorough: bool = False) -> None:
+             compile: str = "auto", *, thorough: bool = False, lengthen: bool = False) -> None:
     from pardec_cli.errors import PardecUsageError
     from pardec_cli.planning import AUTO, load_profiles_checked
     from pardec_cli.methods.registry import get_spec
@@ -184,7 +186,7 @@ def run_tune(model: str | None, dtype: str, device: str, offline: bool | None, p
     if profile != "all":
         load_profiles_checked(profile)
     profiles = list(load_profiles()) if profile == "all" else [profile]
-    request = TuneRequest(profiles, budget * 60, max_tokens, prompts_file, methods, thorough=thorough)
+    request = TuneRequest(profiles, budget * 60, max_tokens, prompts_file, methods, thorough=thorough, lengthen=lengthen)
     with loading_status("loading model"):
         session = Session.load(model, dtype=dtype, device=device, offline=offline, progress=is_terminal(sys.stderr),
                                compile=compile, notice=compile_notice, weights=weights, measuring=True)

@@ -39,6 +39,13 @@ SCREEN_SHARE = 0.4  # at most this share of a profile's budget goes to screening
 QUICK_CANDIDATES = 3  # the quick search's pool per profile: the candidates ranked highest here
 SCREEN_RUNS = 3  # the smallest useful search: vanilla and two candidates on one prompt
 MIN_TOKENS = 24  # a slow machine's quick tune shortens its runs down to this, rather than refuse
+#: Where plain decoding of a run would take less than this, a tune whose token count was
+#: not given lengthens its runs (doubling, up to `MAX_RUN_TOKENS`: gen's default reply):
+#: prompt lookup's gain grows with the reply it copies from, and 64-token runs told a Zen 5
+#: EPYC's tune that nothing beat plain decoding on chat prompts, where pld gained 1.04x at
+#: 64 tokens, 1.16x at 160 and 1.10-1.2x on Spec-Bench's at 96 (docs/adaptive.md).
+RUN_TARGET_S = 0.5
+MAX_RUN_TOKENS = 256
 
 
 @dataclass
@@ -51,6 +58,7 @@ class TuneRequest:
     prompts_file: Path | None = None
     methods: list[str] = field(default_factory=list)  # empty: every candidate
     thorough: bool = False  # also the neighbouring knob settings of every candidate
+    lengthen: bool = False  # the token count was not given: longer runs where they are quick (`RUN_TARGET_S`)
 
 
 @dataclass
@@ -123,8 +131,13 @@ class Tuner:
         self.results = self.selector.tuned or TunedResults(info.name, info.fingerprint, self.hardware.key, self.hardware.dtype)
         self.prompts = self._prompts()
         # What one run generates and how often each curve point is timed: the request's,
-        # unless a quick tune on a slow (or busy) machine has to measure less to fit.
+        # unless a quick tune on a slow (or busy) machine has to measure less to fit, or
+        # runs on a fast one are lengthened (`check_budget`): then as an earlier tune here
+        # lengthened them, so that it resumes.
         self.max_new_tokens = request.max_new_tokens
+        if request.lengthen:
+            earlier = [p.max_new_tokens for p in self.results.profiles.values() if p.prompts == self.prompts_source]
+            self.max_new_tokens = max([self.max_new_tokens, *earlier])
         self.curve_repeats = CURVE_REPEATS
 
     # -- inputs ---------------------------------------------------------------------------
@@ -198,6 +211,15 @@ class Tuner:
             if self.max_new_tokens < self.request.max_new_tokens:
                 self.on_event(TuneEvent("note", message=f"this machine is slow for a {self.request.budget_s / 60:g}-minute "
                                         f"budget: {self.max_new_tokens} tokens a run, the curve timed once"))
+        elif self.request.lengthen and self.max_new_tokens == self.request.max_new_tokens:
+            per_token_s = base_ms / 1000 * 1.15
+            while self.max_new_tokens * 2 <= MAX_RUN_TOKENS and self.max_new_tokens * 2 * per_token_s <= RUN_TARGET_S \
+                    and 3 * self.run_estimate_s(base_ms) * 2 <= self.request.budget_s / 2:
+                self.max_new_tokens *= 2
+            if self.max_new_tokens > self.request.max_new_tokens:
+                run_s = self.run_estimate_s(base_ms)
+                self.on_event(TuneEvent("note", message=f"plain decoding is quick here: {self.max_new_tokens} tokens a run, "
+                                        "nearer the replies auto will choose for"))
         if self.request.budget_s < minimum:
             raise PardecUsageError(
                 f"a budget of {self.request.budget_s / 60:.1f} min is too small to measure anything here: "
@@ -219,7 +241,11 @@ class Tuner:
         if not todo and self.results.curve is not None:
             return self.results
         self.on_event(TuneEvent("stage", message="timing one forward"))
+        warmed = self.max_new_tokens
         _, run_s = self.check_budget()
+        if self.max_new_tokens > warmed:  # lengthened runs: longer caches to warm, outside the budget too
+            self.session.target.warm(contexts=[c - warmed + self.max_new_tokens for c in contexts])
+            started = self.clock()
         if self.results.curve is None:
             self.on_event(TuneEvent("stage", message="cost curve"))
             self.results.curve = self._measure_curve()
