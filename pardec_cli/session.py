@@ -209,6 +209,8 @@ class Session:
         self.weights = weights  # "full", "int8" or "int4": how the decoder's weights are held
         self.device = device
         self.offline = offline
+        # Decoding on a stand-in for the native step its kernels' build will bring (`load`).
+        self.stand_in = False
         self._drafters: dict[str, tuple[Any, Any]] = {}
         self._proposers: dict[tuple[str, str], Any] = {}
         self._auto_selectors: dict[tuple[str, ...], Any] = {}
@@ -239,7 +241,8 @@ class Session:
         """
         from pardec_cli.hardware import resolve_device, resolve_dtype
         from pardec_cli.store.embedded import embedded_pending
-        from pardec_cli.store.loading import NATIVE_BUILD_WAIT_S, load_model, native_auto, native_build_pending, start_native_build
+        from pardec_cli.store.loading import (NATIVE_BUILD_WAIT_S, load_model, native_auto, native_build_pending,
+                                              native_stand_in, start_native_build)
         from pardec_cli.store.resolve import resolve_model
 
         if compile not in COMPILE_MODES:
@@ -282,6 +285,9 @@ class Session:
             model_source=resolved.source, model_path=resolved.path, model_repo=resolved.repo,
             compiled=compiled, compile_missing=compile_missing, notice=notice, weights=weights_label(model),
         )
+        # A load that runs the native step once its kernels are built decodes meanwhile on a
+        # stand-in (a bfloat16 CPU's first run): no cost curve is measured for its steps.
+        session.stand_in = auto and device == "cpu" and not native and native_stand_in(resolved.path, weights)
         if compiled:
             # Load (or compile) the steps now, while the model loads: otherwise the first
             # generation's first steps would pay for it, and the rates that auto's arms and
@@ -406,7 +412,7 @@ class Session:
         from pardec_cli.selection.learned import keep_session_curve, learning_enabled
         from pardec_cli.tuning.curve import measure_step_curve
 
-        if not learning_enabled():
+        if not learning_enabled() or self.stand_in:  # a stand-in's steps: no later run takes them
             return None
         if self._notice is not None:
             self._notice(f"measuring the cost of verifying n tokens with {self.step_kind} steps (once, about two seconds)")

@@ -221,9 +221,21 @@ def test_a_first_run_builds_the_native_step_s_kernels_beside_the_conversion_and_
     session = Session.load(None, compile="off" if bf16_hardware else "auto", notice=notices.append)
     if bf16_hardware:  # its fallback is bfloat16 on torch's int4 kernel: no wait
         assert events[:2] == ["build", "convert"] and "wait" not in events and session.runner != "native"
+        # A stand-in for the native step of the runs after it: auto estimates its cost curve
+        # rather than measure steps no later run takes.
+        from pardec_cli.tuning import curve
+
+        def measured(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("a stand-in's curve was measured")
+
+        monkeypatch.setattr(curve, "measure_step_curve", measured)
+        monkeypatch.setenv("PARDEC_LEARN", "1")  # (off in the suite: curves are learned only with it on)
+        assert session.stand_in and session.auto_selector().learned_curve is None
+        assert not any("measuring the cost" in n for n in notices)
     else:
         assert events[:3] == ["build", "convert", "wait"] and session.runner == "native"
         assert (session.dtype, session.weights) == ("float32", "q4q8") and "waiting" in notices[0]
+        assert not session.stand_in
 
 @pytest.mark.parametrize("bf16_hardware", [False, True])
 def test_a_measurement_waits_for_the_native_step_s_kernels_a_gen_would_not_wait_for(

@@ -438,6 +438,19 @@ def native_auto(path: Path | None, weights: str = "auto", *, start: bool = False
     return auto_native(is_quantized_dir(path), weights) and _avx2_kernels(start=start, wait_s=wait_s, notice=notice)
 
 
+def native_stand_in(path: Path, weights: str = "auto") -> bool:
+    """Whether a load of the model in `path` that did not take the native step stands in
+    for the loads after it: auto's choice for how it is stored would run there
+    (`auto_native`) and pardec's AVX2 kernels run on this CPU but are not built yet
+    (building, or not started). Nothing is started."""
+    from pardec_cli import kernels
+    from pardec_cli.store.quantized import is_quantized_dir
+
+    directory = _avx2_dir()
+    return directory is not None and auto_native(is_quantized_dir(path), weights) and \
+        kernels.status(directory) in ("building", "not built")
+
+
 #: How long a first run that started the AVX2 build before converting the embedded model
 #: waits for it to finish (`Session.load`): the build took 30 s on one core of a 2-core AVX2
 #: EPYC, the conversion beside it 27 s, and the step it would run instead was 10x slower.
