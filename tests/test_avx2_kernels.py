@@ -1028,7 +1028,6 @@ def test_auto_runs_a_gguf_s_4_bit_blocks_in_float32_on_the_native_step_once_its_
 ) -> None:
     """--dtype auto weighs whether the native step's kernels are built (`native_auto`): a
     first load keeps the CPU's dtype and starts their build; a later one runs float32 q4q8."""
-    from pardec_cli import hardware
     from pardec_cli.home import kernels_dir
     from pardec_cli.session import Session
     from pardec_cli.store.gguf_import import import_gguf
@@ -1049,8 +1048,7 @@ def test_auto_runs_a_gguf_s_4_bit_blocks_in_float32_on_the_native_step_once_its_
     assert native_auto(path, "q4q8") and native_auto(path, "q8q8")
     # Weights the native step does not run are eager steps: the CPU's own dtype, bfloat16 where
     # it has bfloat16 hardware (float32 made `--weights int4` 16x slower on a Zen 5 EPYC).
-    bf16_cpu = hardware.CpuInfo(hardware.cpu_info().model_name, 2, frozenset(hardware.cpu_info().flags | {"avx512_bf16"}))
-    monkeypatch.setattr(hardware, "cpu_info", lambda: bf16_cpu)
+    with_bf16(monkeypatch, True)
     for weights in ("int4", "int8", "full"):
         assert not native_auto(path, weights)
         assert Session.load("tiny-q", weights=weights, compile="off").dtype == "bfloat16"

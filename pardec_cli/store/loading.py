@@ -446,9 +446,10 @@ def native_stand_in(path: Path, weights: str = "auto") -> bool:
     from pardec_cli import kernels
     from pardec_cli.store.quantized import is_quantized_dir
 
+    if not auto_native(is_quantized_dir(path), weights):
+        return False
     directory = _avx2_dir()
-    return directory is not None and auto_native(is_quantized_dir(path), weights) and \
-        kernels.status(directory) in ("building", "not built")
+    return directory is not None and kernels.status(directory) in ("building", "not built")
 
 
 #: How long a first run that started the AVX2 build before converting the embedded model

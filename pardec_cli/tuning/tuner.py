@@ -195,14 +195,15 @@ class Tuner:
 
         A quick tune on a machine too slow (or too busy) for its budget measures less
         instead: each curve point timed once, and runs shortened (not below
-        `MIN_TOKENS`) until the curve and three runs take at most half the budget.
+        `MIN_TOKENS`) until the curve and three runs take at most half the budget. On a
+        quick machine, runs whose length was not given are lengthened (`RUN_TARGET_S`).
         """
         base_ms = self.probe_ms()
+        per_token_s = base_ms / 1000 * 1.15  # as `run_estimate_s` counts a run
         run_s = self.run_estimate_s(base_ms)
         minimum = self.curve_estimate_s(base_ms) + 3 * run_s  # the curve, vanilla and two candidates once
         if self.request.budget_s < 2 * minimum and not self.request.thorough:
             self.curve_repeats = 1
-            per_token_s = base_ms / 1000 * 1.15
             room = self.request.budget_s / 2 - self.curve_estimate_s(base_ms)
             fitting = int(room / 3 / per_token_s) if room > 0 else 0
             self.max_new_tokens = min(self.max_new_tokens, max(MIN_TOKENS, fitting))
@@ -212,7 +213,6 @@ class Tuner:
                 self.on_event(TuneEvent("note", message=f"this machine is slow for a {self.request.budget_s / 60:g}-minute "
                                         f"budget: {self.max_new_tokens} tokens a run, the curve timed once"))
         elif self.request.lengthen and self.max_new_tokens == self.request.max_new_tokens:
-            per_token_s = base_ms / 1000 * 1.15
             while self.max_new_tokens * 2 <= MAX_RUN_TOKENS and self.max_new_tokens * 2 * per_token_s <= RUN_TARGET_S \
                     and 3 * self.run_estimate_s(base_ms) * 2 <= self.request.budget_s / 2:
                 self.max_new_tokens *= 2
